@@ -1,0 +1,47 @@
+# The README's commands. `make setup` prepares a fresh machine, `make test` runs every test, `make up` runs the
+# local cluster on the CPU demo model.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU machines get Mooncake's non-CUDA build; a machine with an NVIDIA driver gets the CUDA one. Never both.
+MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+APT_PACKAGES := libibverbs1 libnuma1 libcurl4
+
+.PHONY: setup system-packages venv model test unit e2e up bench clean
+
+setup: system-packages venv model
+
+system-packages:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages: $$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+venv:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(MOONCAKE_EXTRA),test,bench]"
+	$(PY) -c "import sglang, mooncake.engine, fastapi, httpx; print('environment ok: sglang', sglang.__version__)"
+
+model:
+	$(PY) scripts/build_demo_model.py --out models/tiny-llama
+
+test:
+	$(PY) -m pytest tests
+
+unit:
+	$(PY) -m pytest tests/unit
+
+e2e:
+	$(PY) -m pytest tests/e2e
+
+up:
+	$(PY) -m pdcluster.local --config configs/local.yaml
+
+bench:
+	$(PY) -m bench.router
+
+clean:
+	rm -rf $(VENV) models *.egg-info

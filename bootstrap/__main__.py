@@ -1,0 +1,37 @@
+"""`python -m bootstrap [--config configs/bootstrap.yaml]` runs the service; `python -m bootstrap status` lists it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pdcluster.config_file import load_model
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bootstrap.config import BootstrapConfig
+
+    parser = argparse.ArgumentParser(prog="python -m bootstrap")
+    parser.add_argument("command", nargs="?", choices=["serve", "status"], default="serve")
+    parser.add_argument("--config", help="YAML file with the bootstrap service's settings")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--url", help="for status: the service's URL (default: from the config)")
+    args = parser.parse_args(argv)
+    config = load_model(BootstrapConfig, args.config, {"host": args.host, "port": args.port}, prog="bootstrap")
+    if args.command == "status":
+        from bootstrap.status import print_status
+
+        return print_status(args.url or f"http://{config.host}:{config.port}")
+
+    import uvicorn
+
+    from bootstrap.app import create_app
+
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
+                access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

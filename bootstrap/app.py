@@ -1,0 +1,86 @@
+"""HTTP API of the bootstrap service.
+
+Writes (PUT /v1/workers/{id}, POST .../heartbeat, DELETE) need the shared token when one is configured.
+GET /v1/workers lists the registry; with `?wait_version=N` it answers as soon as the version differs from N
+(or after `timeout` seconds), which is how the router follows changes within a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from fastapi import FastAPI, Request
+from pydantic import ValidationError
+
+from bootstrap.config import BootstrapConfig
+from bootstrap.registry import Registry
+from pdcluster.http import ApiError, check_bearer, first_validation_problem, install_error_handlers, read_json_object
+from pdcluster.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration
+
+MAX_WAIT_SECONDS = 30.0
+
+
+def create_app(config: BootstrapConfig) -> FastAPI:
+    registry = Registry(config.ttl_seconds)
+    token = config.resolved_token()
+
+    async def reap() -> None:
+        while True:
+            await asyncio.sleep(min(0.5, config.ttl_seconds / 4))
+            await registry.expire()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        task = asyncio.create_task(reap())
+        yield
+        task.cancel()
+
+    app = FastAPI(title="pdcluster bootstrap service", lifespan=lifespan)
+    app.state.registry = registry
+    install_error_handlers(app)
+
+    async def parse(request: Request, model: type):
+        check_bearer(request, token)
+        data = await read_json_object(request, config.max_body_bytes)
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            field, message = first_validation_problem(exc)
+            raise ApiError(400, f"{field}: {message}", field) from None
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "workers": len(registry.listing().workers)}
+
+    @app.put("/v1/workers/{worker_id}")
+    async def register(worker_id: str, request: Request) -> dict:
+        registration = await parse(request, WorkerRegistration)
+        if registration.worker_id != worker_id:
+            raise ApiError(400, f"worker_id {registration.worker_id!r} does not match the URL's {worker_id!r}",
+                           "worker_id")
+        row = await registry.register(registration)
+        return {"worker": row.model_dump(mode="json"), "incompatible": row.incompatible}
+
+    @app.post("/v1/workers/{worker_id}/heartbeat")
+    async def heartbeat(worker_id: str, request: Request) -> dict:
+        beat = await parse(request, Heartbeat)
+        if not await registry.heartbeat(worker_id, beat):
+            raise ApiError(404, f"worker {worker_id} is not registered")
+        return {"ok": True}
+
+    @app.delete("/v1/workers/{worker_id}")
+    async def deregister(worker_id: str, request: Request) -> dict:
+        check_bearer(request, token)
+        if not await registry.deregister(worker_id):
+            raise ApiError(404, f"worker {worker_id} is not registered")
+        return {"ok": True}
+
+    @app.get("/v1/workers", response_model=WorkerListing)
+    async def listing(role: Role | None = None, model: str | None = None, wait_version: int | None = None,
+                      timeout: float = 10.0) -> WorkerListing:
+        if wait_version is not None:
+            await registry.wait_for_change(wait_version, max(0.0, min(timeout, MAX_WAIT_SECONDS)))
+        return registry.listing(role, model)
+
+    return app

@@ -1,0 +1,92 @@
+"""The registry: who is registered, alive and pairable. A version number moves on every change so that the router
+can long-poll for the next one instead of polling on a timer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pdcluster.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration, WorkerStatus
+
+
+def incompatibility(worker: WorkerRegistration, others: list[WorkerRegistration]) -> str:
+    """Why `worker` can be paired with none of `others` (workers of the other role); empty when it can, or when
+    there is nobody to compare with yet."""
+    if not others or any(o.identity == worker.identity for o in others):
+        return ""
+    peer = others[0].identity
+    mine = worker.identity
+    diffs = [
+        f"{name} {getattr(mine, name)!r} vs {getattr(peer, name)!r}"
+        for name in ("model_path", "served_model_name", "page_size", "kv_cache_dtype", "transfer_backend")
+        if getattr(mine, name) != getattr(peer, name)
+    ]
+    return f"no compatible {others[0].role.value}: " + "; ".join(diffs)
+
+
+class Registry:
+    def __init__(self, ttl_seconds: float):
+        self.ttl = ttl_seconds
+        self.version = 0
+        self._workers: dict[str, WorkerStatus] = {}
+        self._changed = asyncio.Condition()
+
+    async def _bump(self) -> None:
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()
+
+    async def register(self, registration: WorkerRegistration) -> WorkerStatus:
+        now = time.time()
+        previous = self._workers.get(registration.worker_id)
+        self._workers[registration.worker_id] = WorkerStatus(
+            registration=registration, healthy=True, registered_at=previous.registered_at if previous else now,
+            last_heartbeat=now,
+        )
+        await self._bump()
+        return next(row for row in self.listing().workers if row.registration.worker_id == registration.worker_id)
+
+    async def heartbeat(self, worker_id: str, beat: Heartbeat) -> bool:
+        status = self._workers.get(worker_id)
+        if status is None:
+            return False
+        changed = status.healthy != beat.healthy or status.detail != beat.detail
+        status.healthy, status.detail, status.last_heartbeat = beat.healthy, beat.detail, time.time()
+        if changed:
+            await self._bump()
+        return True
+
+    async def deregister(self, worker_id: str) -> bool:
+        if self._workers.pop(worker_id, None) is None:
+            return False
+        await self._bump()
+        return True
+
+    async def expire(self) -> None:
+        cutoff = time.time() - self.ttl
+        dead = [wid for wid, status in self._workers.items() if status.last_heartbeat < cutoff]
+        for wid in dead:
+            del self._workers[wid]
+        if dead:
+            await self._bump()
+
+    def listing(self, role: Role | None = None, model: str | None = None) -> WorkerListing:
+        regs = [s.registration for s in self._workers.values()]
+        rows = []
+        for status in self._workers.values():
+            reg = status.registration
+            others = [o for o in regs if o.role is not reg.role]
+            row = status.model_copy(update={"incompatible": incompatibility(reg, others)})
+            if (role is None or reg.role is role) and (model is None or model in (
+                    reg.identity.served_model_name, reg.identity.model_path)):
+                rows.append(row)
+        return WorkerListing(version=self.version, ttl_seconds=self.ttl, workers=rows)
+
+    async def wait_for_change(self, since_version: int, timeout: float) -> None:
+        async with self._changed:
+            if self.version != since_version:
+                return
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                pass

@@ -1,0 +1,36 @@
+"""`python -m bootstrap status`: the registry as a table."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import httpx
+
+from pdcluster.protocol import WorkerListing
+
+
+def format_table(listing: WorkerListing, now: float | None = None) -> str:
+    now = now or time.time()
+    rows = [("ROLE", "WORKER", "URL", "MODEL", "HEALTH", "AGE", "NOTE")]
+    for w in sorted(listing.workers, key=lambda w: (w.registration.role.value, w.registration.worker_id)):
+        reg = w.registration
+        rows.append((
+            reg.role.value, reg.worker_id, reg.base_url, reg.identity.served_model_name,
+            "healthy" if w.healthy else "unhealthy", f"{now - w.registered_at:.0f}s",
+            w.incompatible or w.detail,
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join([*lines, f"(registry version {listing.version}, {len(listing.workers)} workers)"])
+
+
+def print_status(url: str) -> int:
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/v1/workers", timeout=5)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        print(f"bootstrap: error: cannot read {url}: {exc}", file=sys.stderr)
+        return 1
+    print(format_table(WorkerListing.model_validate(response.json())))
+    return 0

@@ -1,0 +1,1 @@
+"""Shared parts of pdcluster: the typed protocol, the worker launcher and the local cluster."""

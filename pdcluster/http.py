@@ -1,0 +1,96 @@
+"""HTTP edge shared by the router and the bootstrap service: JSON errors, bounded bodies, the shared token."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pdcluster.protocol import ErrorBody, ErrorDetail
+
+_UNION_TAG = re.compile(r"^[A-Z]|\[|^(str|int|float|bool)$")
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
+    413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
+    502: "upstream_error", 503: "unavailable", 504: "timeout",
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    detail = ErrorDetail(message=message, type=_TYPE_BY_STATUS.get(status, "upstream_error"), param=param, code=status)
+    return ErrorBody(error=detail).model_dump()
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+def first_validation_problem(exc: ValidationError | RequestValidationError) -> tuple[str, str]:
+    """(field path, message) of the first problem pydantic found, for an error that names the field."""
+    problem = exc.errors()[0]
+    # pydantic names the union member it tried ("SamplingParams", "list[str]"); users know only field names.
+    loc = [str(part) for part in problem.get("loc", ()) if part != "body" and not _UNION_TAG.search(str(part))]
+    return ".".join(loc) or "body", problem.get("msg", "invalid value")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        field, message = first_validation_problem(exc)
+        return error_response(400, f"{field}: {message}", field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) anything over `limit` bytes without buffering more than that."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
+    body = await read_body(request, limit)
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return data
+
+
+def check_bearer(request: Request, token: str | None) -> None:
+    """401 unless the request carries `Authorization: Bearer <token>`; a no-op when no token is configured."""
+    if not token:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise ApiError(401, "missing or wrong bearer token")

@@ -1,0 +1,100 @@
+"""The typed messages exchanged between workers, the bootstrap service and the router.
+
+This module is the single contract between processes: the bootstrap service validates what workers send with these
+models, and the router parses what the bootstrap service lists with them. Nothing else crosses a process boundary
+except SGLang's own HTTP API, which the router passes through.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+
+BOOTSTRAP_SERVICE_PORT = 8998
+
+
+class Role(str, Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class _Strict(BaseModel):
+    # Unknown fields are a sender bug (or a version skew) that should be loud, not silently dropped.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelIdentity(_Strict):
+    """What must match between a prefill and a decode for KV pages to mean the same thing on both sides."""
+
+    model_path: str = Field(min_length=1)
+    served_model_name: str = Field(min_length=1)
+    page_size: int = Field(ge=1)
+    kv_cache_dtype: str = Field(min_length=1)
+    transfer_backend: str = Field(min_length=1)
+
+
+class WorkerRegistration(_Strict):
+    """Sent by a worker's launcher to the bootstrap service once its SGLang server answers."""
+
+    worker_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@-]+$")
+    role: Role
+    url: HttpUrl
+    identity: ModelIdentity
+    # A prefill's SGLang KV bootstrap server: decode workers fetch transfer metadata from it.
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    tp_size: int = Field(default=1, ge=1)
+    dp_size: int = Field(default=1, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _prefill_has_bootstrap(self) -> WorkerRegistration:
+        if self.role is Role.PREFILL and (not self.bootstrap_host or self.bootstrap_port is None):
+            raise ValueError("a prefill registration needs bootstrap_host and bootstrap_port")
+        if self.bootstrap_port == BOOTSTRAP_SERVICE_PORT:
+            raise ValueError(f"bootstrap_port {BOOTSTRAP_SERVICE_PORT} belongs to the bootstrap service")
+        return self
+
+    @property
+    def base_url(self) -> str:
+        return str(self.url).rstrip("/")
+
+
+class Heartbeat(_Strict):
+    healthy: bool = True
+    detail: str = ""
+
+
+class WorkerStatus(_Strict):
+    """One row of the bootstrap service's listing."""
+
+    registration: WorkerRegistration
+    healthy: bool
+    detail: str = ""
+    registered_at: float
+    last_heartbeat: float
+    # Why this worker can be paired with no worker of the other role; empty when it can.
+    incompatible: str = ""
+
+
+class WorkerListing(_Strict):
+    version: int = Field(ge=0)
+    ttl_seconds: float
+    workers: list[WorkerStatus]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: Literal[
+        "invalid_request_error", "authentication_error", "not_found_error", "upstream_error", "unavailable", "timeout"
+    ]
+    param: str | None = None
+    code: int
+
+
+class ErrorBody(BaseModel):
+    """The JSON body of every error the router and the bootstrap service answer with (OpenAI's shape)."""
+
+    error: ErrorDetail

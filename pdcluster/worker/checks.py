@@ -1,0 +1,71 @@
+"""Checks run before SGLang's long start-up, so a mistake costs a second, not a minute."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+from pdcluster.protocol import BOOTSTRAP_SERVICE_PORT
+from pdcluster.worker.options import ConfigError
+
+# Hugging Face hub ids look like "org/name"; anything else is taken as a local path.
+_HUB_ID_PARTS = 2
+
+
+def check_model_path(model_path: str | None) -> None:
+    if not model_path:
+        raise ConfigError("model-path is not set (set model-path in the config or pass --model-path)")
+    path = Path(model_path).expanduser()
+    looks_local = (
+        path.is_absolute()
+        or model_path.startswith((".", "~"))
+        or len(path.parts) != _HUB_ID_PARTS
+        or Path(path.parts[0]).exists()
+    )
+    if looks_local:
+        if not path.is_dir():
+            raise ConfigError(f"model-path {model_path} does not exist (build the demo model with 'make model')")
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model-path {model_path} has no config.json: not a Hugging Face model folder")
+    elif os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ConfigError(f"model-path {model_path} is neither a local folder nor reachable (HF_HUB_OFFLINE=1)")
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"{what} port {port} on {host} is already in use") from None
+            raise ConfigError(f"cannot listen on {host}:{port} for the {what}: {exc.strerror}") from None
+
+
+def port_is_free(host: str, port: int) -> bool:
+    try:
+        check_port_free(host, port, "probe")
+    except ConfigError:
+        return False
+    return True
+
+
+def choose_kv_bootstrap_port(host: str, base: int, taken: set[int]) -> int:
+    """The first free port from `base` up: a prefill's own SGLang KV bootstrap port, never the service's 8998."""
+    for port in range(base, base + 200):
+        if port != BOOTSTRAP_SERVICE_PORT and port not in taken and port_is_free(host, port):
+            return port
+    raise ConfigError(f"no free port for the SGLang KV bootstrap server in {base}-{base + 199}")
+
+
+def advertise_address(host: str, configured: str | None) -> str:
+    """The address other processes reach this worker at (what it registers)."""
+    if configured:
+        return configured
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    # In a container this is the address the service name resolves to, which is what peers can reach.
+    return socket.gethostbyname(socket.gethostname())

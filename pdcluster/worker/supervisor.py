@@ -1,0 +1,76 @@
+"""Run SGLang as a child, forward stop signals to it, and leave no process of it behind.
+
+SGLang's launch_server spawns a scheduler and a detokenizer (and more with TP/DP). The child is started in a session
+of its own, so the whole tree shares one process group that can be killed in one call once the main process is gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+GRACE_SECONDS = 15.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher() -> None:
+    # If the launcher itself is SIGKILLed, the kernel sends SIGKILL to SGLang's main process; its group is then
+    # orphaned but loses its parent, and SGLang's own children watch their parent and exit.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def exit_status(returncode: int) -> int:
+    """Shell convention: a child killed by signal N exits 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Supervisor:
+    def __init__(self, cmd: list[str], env: dict[str, str]):
+        self.cmd = cmd
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stop_requested_at: float | None = None
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.proc is None:
+            sys.exit(128 + signum)
+        if self._stop_requested_at is None:
+            self._stop_requested_at = time.monotonic()
+            # SIGTERM lets SGLang run its own shutdown (it kills its children); the group kill below is the backstop.
+            kill_group(self.proc.pid, signal.SIGTERM)
+        else:
+            kill_group(self.proc.pid, signal.SIGKILL)
+
+    def run(self, while_running: Callable[[subprocess.Popen[bytes]], None] | None = None) -> int:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True, preexec_fn=_die_with_launcher)
+        if while_running is not None:
+            while_running(self.proc)
+        try:
+            while True:
+                try:
+                    returncode = self.proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if self._stop_requested_at and time.monotonic() - self._stop_requested_at > GRACE_SECONDS:
+                        kill_group(self.proc.pid, signal.SIGKILL)
+        finally:
+            # The main process is gone; whatever is left of its group (scheduler, detokenizer) goes with it.
+            kill_group(self.proc.pid, signal.SIGKILL)
+        return exit_status(returncode)

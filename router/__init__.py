@@ -1,0 +1,1 @@
+"""The router: the cluster's only public endpoint. Pairs a prefill with a decode for every request."""

@@ -1,0 +1,39 @@
+"""`python -m router [--config configs/router.yaml] [--host H] [--port P]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pdcluster.config_file import load_model
+
+
+def main(argv: list[str] | None = None) -> int:
+    from router.config import RouterConfig
+
+    parser = argparse.ArgumentParser(prog="python -m router")
+    parser.add_argument("--config", help="YAML file with the router's settings")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--bootstrap-url")
+    parser.add_argument("--dry-run", action="store_true", help="validate the config, print it, and exit")
+    args = parser.parse_args(argv)
+    config = load_model(RouterConfig, args.config,
+                        {"host": args.host, "port": args.port, "bootstrap_url": args.bootstrap_url}, prog="router")
+    if args.dry_run:
+        print(config.model_dump_json(indent=2))
+        return 0
+    logging.basicConfig(level=config.log_level.upper(), format="[router %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+
+    import uvicorn
+
+    from router.app import create_app
+
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
+                access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Router settings, validated at the edge."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+
+
+class StaticWorker(BaseModel):
+    """A worker listed in the router config instead of (or besides) discovered from the bootstrap service."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: HttpUrl
+    # A prefill's SGLang KV bootstrap server (what decode fetches KV metadata from).
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    # Where workers are discovered; None uses only the static lists below.
+    bootstrap_url: str | None = "http://127.0.0.1:8998"
+    # Token of the bootstrap service (reads need none today; sent for forward compatibility).
+    bootstrap_token: str | None = None
+    prefill: list[StaticWorker] = []
+    decode: list[StaticWorker] = []
+    prefill_policy: str = "round_robin"
+    decode_policy: str = "round_robin"
+    # Clients must send `Authorization: Bearer <api_key>` when set (or env PDCLUSTER_API_KEY).
+    api_key: str | None = None
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    connect_timeout: float = Field(default=5.0, gt=0)
+    # Longest wait for the next byte from a worker (a streamed token, or a whole non-streamed answer).
+    read_timeout: float = Field(default=600.0, gt=0)
+    health_interval: float = Field(default=1.0, gt=0)
+    health_timeout: float = Field(default=2.0, gt=0)
+    # Consecutive failed health checks before a worker is ejected; one success readmits it.
+    unhealthy_threshold: int = Field(default=2, ge=1)
+    log_level: str = "warning"
+
+    @model_validator(mode="after")
+    def _static_prefills_have_bootstrap(self) -> RouterConfig:
+        for worker in self.prefill:
+            if worker.bootstrap_port is None:
+                raise ValueError(f"prefill {worker.url}: bootstrap_port is required for a static prefill")
+        return self
+
+    def resolved_api_key(self) -> str | None:
+        return self.api_key or os.environ.get("PDCLUSTER_API_KEY") or None

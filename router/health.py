@@ -1,0 +1,67 @@
+"""Keep the pool's health true: follow the bootstrap service's registry, and probe every worker's /health.
+
+Discovery long-polls the registry (`wait_version`), so a new or dead worker shows up within a fraction of a second.
+While the bootstrap service is down, the last known set stays in service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from pdcluster.protocol import WorkerListing
+from router.config import RouterConfig
+from router.workers import Worker, WorkerPool
+
+log = logging.getLogger("pdcluster.router")
+
+
+async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient) -> None:
+    version: int | None = None
+    headers = {"Authorization": f"Bearer {config.bootstrap_token}"} if config.bootstrap_token else {}
+    while True:
+        params = {"timeout": 10.0} if version is None else {"wait_version": version, "timeout": 10.0}
+        try:
+            response = await client.get(f"{config.bootstrap_url}/v1/workers", params=params, headers=headers,
+                                        timeout=httpx.Timeout(5.0, read=15.0))
+            response.raise_for_status()
+            listing = WorkerListing.model_validate(response.json())
+        except (httpx.HTTPError, ValueError) as exc:
+            if version is not None:
+                log.warning("bootstrap service unreachable (%s); serving the last known %d workers",
+                            type(exc).__name__, len(pool.workers))
+            version = None
+            await asyncio.sleep(1.0)
+            continue
+        if listing.version != version:
+            pool.sync_discovered(listing.workers)
+        version = listing.version
+
+
+async def probe(worker: Worker, client: httpx.AsyncClient, config: RouterConfig) -> None:
+    try:
+        response = await client.get(f"{worker.url}/health", timeout=config.health_timeout)
+        ok = response.status_code == 200
+    except httpx.HTTPError:
+        ok = False
+    if ok:
+        if not worker.probe_healthy:
+            log.warning("%s %s is healthy again", worker.role.value, worker.url)
+        worker.probe_healthy, worker.failed_probes = True, 0
+    else:
+        mark_failed(worker, config.unhealthy_threshold)
+
+
+def mark_failed(worker: Worker, threshold: int) -> None:
+    worker.failed_probes += 1
+    if worker.failed_probes >= threshold and worker.probe_healthy:
+        worker.probe_healthy = False
+        log.warning("%s %s ejected after %d failed checks", worker.role.value, worker.url, worker.failed_probes)
+
+
+async def probe_forever(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient) -> None:
+    while True:
+        await asyncio.gather(*(probe(w, client, config) for w in list(pool.workers.values())))
+        await asyncio.sleep(config.health_interval)

@@ -1,0 +1,85 @@
+"""The router's view of its workers: where they are, whether they are healthy, how busy they are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
+from router.config import StaticWorker
+
+
+@dataclass(eq=False)
+class Worker:
+    worker_id: str
+    role: Role
+    url: str
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    identity: ModelIdentity | None = None  # None for static workers: compatible with anything
+    static: bool = False
+    # The worker's own launcher reports SGLang's health through the registry; the router checks too.
+    registry_healthy: bool = True
+    probe_healthy: bool = True
+    failed_probes: int = 0
+    in_flight: int = 0
+    incompatible: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        return self.registry_healthy and self.probe_healthy
+
+    @classmethod
+    def from_static(cls, role: Role, spec: StaticWorker) -> Worker:
+        url = str(spec.url).rstrip("/")
+        host = spec.bootstrap_host or urlparse(url).hostname
+        return cls(f"static-{role.value}-{url}", role, url, host if role is Role.PREFILL else None,
+                   spec.bootstrap_port, static=True)
+
+    @classmethod
+    def from_registration(cls, reg: WorkerRegistration) -> Worker:
+        return cls(reg.worker_id, reg.role, reg.base_url, reg.bootstrap_host, reg.bootstrap_port, reg.identity)
+
+    def compatible_with(self, other: Worker) -> bool:
+        return self.identity is None or other.identity is None or self.identity == other.identity
+
+
+@dataclass
+class WorkerPool:
+    workers: dict[str, Worker] = field(default_factory=dict)
+
+    def add_static(self, role: Role, specs: list[StaticWorker]) -> None:
+        for spec in specs:
+            worker = Worker.from_static(role, spec)
+            self.workers[worker.worker_id] = worker
+
+    def sync_discovered(self, rows: list[WorkerStatus]) -> None:
+        """Make the discovered part of the pool equal the registry listing, keeping live counters of known workers."""
+        seen = set()
+        for row in rows:
+            reg = row.registration
+            seen.add(reg.worker_id)
+            current = self.workers.get(reg.worker_id)
+            fresh = Worker.from_registration(reg)
+            if current is None or (current.url, current.bootstrap_port, current.identity) != (
+                fresh.url, fresh.bootstrap_port, fresh.identity):
+                current = self.workers[reg.worker_id] = fresh
+            current.registry_healthy = row.healthy
+            current.incompatible = row.incompatible
+        for worker_id in [w.worker_id for w in self.workers.values() if not w.static and w.worker_id not in seen]:
+            del self.workers[worker_id]
+
+    def of_role(self, role: Role) -> list[Worker]:
+        return [w for w in self.workers.values() if w.role is role]
+
+    def healthy(self, role: Role) -> list[Worker]:
+        return [w for w in self.of_role(role) if w.healthy]
+
+    def readiness(self) -> tuple[bool, str]:
+        prefills, decodes = self.healthy(Role.PREFILL), self.healthy(Role.DECODE)
+        if not prefills or not decodes:
+            return False, f"healthy workers: {len(prefills)} prefill, {len(decodes)} decode; need one of each"
+        if not any(p.compatible_with(d) for p in prefills for d in decodes):
+            reasons = "; ".join(sorted({w.incompatible for w in prefills + decodes if w.incompatible}))
+            return False, f"no compatible prefill/decode pair: {reasons or 'model identities differ'}"
+        return True, f"{len(prefills)} prefill, {len(decodes)} decode healthy"
