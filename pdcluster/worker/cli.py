@@ -18,13 +18,16 @@ def main(role: Role, argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", help="YAML file: SGLang option names, plus a `cluster:` section")
     parser.add_argument("--dry-run", action="store_true", help="print the SGLang command and environment, then exit")
+    parser.add_argument("--cluster", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a setting of the config's cluster: section (repeatable)")
     args, overrides = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"[{role.value} %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
 
     from pdcluster.worker.plan import build_plan  # after argparse, so --help stays instant
 
     try:
-        plan = build_plan(role, args.config, overrides)
+        plan = build_plan(role, args.config, overrides, cluster_overrides=_key_values(args.cluster))
     except ConfigError as exc:
         print(f"{role.value}: error: {exc}", file=sys.stderr)
         return 2
@@ -42,3 +45,13 @@ def main(role: Role, argv: list[str] | None = None) -> int:
         registrar.stop()
     logging.info("SGLang %s exited with status %s", role.value, code)
     return code
+
+
+def _key_values(pairs: list[str]) -> dict[str, str | None]:
+    result = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise SystemExit(f"--cluster expects KEY=VALUE, got {pair!r}")
+        result[key.strip()] = None if value.lower() in ("", "none", "null") else value
+    return result

@@ -68,10 +68,11 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def build_plan(role: Role, config_path: str | None, overrides: list[str], env: dict[str, str] | None = None) -> LaunchPlan:
+def build_plan(role: Role, config_path: str | None, overrides: list[str], env: dict[str, str] | None = None,
+               cluster_overrides: dict[str, str | None] | None = None) -> LaunchPlan:
     raw = load_yaml(config_path) if config_path else {}
     try:
-        cluster = ClusterSettings.model_validate(raw.pop("cluster", None) or {})
+        cluster = ClusterSettings.model_validate({**(raw.pop("cluster", None) or {}), **(cluster_overrides or {})})
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ConfigError(f"cluster.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None

@@ -51,8 +51,9 @@ class Supervisor:
             sys.exit(128 + signum)
         if self._stop_requested_at is None:
             self._stop_requested_at = time.monotonic()
-            # SIGTERM lets SGLang run its own shutdown (it kills its children); the group kill below is the backstop.
-            kill_group(self.proc.pid, signal.SIGTERM)
+            # SIGTERM to SGLang's main process only: it shuts its own children down (a child SIGTERMed first would
+            # look like a crash to it). The group kill after it exits is the backstop.
+            os.kill(self.proc.pid, signal.SIGTERM)
         else:
             kill_group(self.proc.pid, signal.SIGKILL)
 
