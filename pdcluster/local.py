@@ -187,16 +187,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"ready: the router serves at {cluster.router_url} (POST /generate, /v1/chat/completions); Ctrl-C stops",
           flush=True)
+    reported: set[str] = set()
     while not stopping:
-        dead = [p for p in cluster.processes.values() if not p.running]
-        if dead:
-            print(f"{dead[0].name} exited ({dead[0].popen.returncode}); its log ends with:\n{dead[0].tail()}",
-                  file=sys.stderr)
-            break
+        # A dead component is reported, not fatal: the rest of the cluster goes on serving without it.
+        for process in cluster.processes.values():
+            if not process.running and process.name not in reported:
+                reported.add(process.name)
+                print(f"{process.name} exited ({process.popen.returncode}); its log ends with:\n{process.tail(10)}",
+                      file=sys.stderr, flush=True)
         time.sleep(0.5)
     print("stopping ...", flush=True)
     cluster.stop()
-    return 0 if stopping else 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         print(config.model_dump_json(indent=2))
         return 0
     logging.basicConfig(level=config.log_level.upper(), format="[router %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # health probes every second are noise
 
     import uvicorn
 

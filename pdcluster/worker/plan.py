@@ -88,6 +88,7 @@ def build_plan(role: Role, config_path: str | None, overrides: list[str], env: d
     if cpu:
         for key, value in {**CPU_FLAGS, **CPU_ROLE_FLAGS[role]}.items():
             options.set_default(key, value)
+    options.set_default("disaggregation-transfer-backend", "mooncake")  # explicit, whatever SGLang's default
 
     ns = options.parse()
     if ns.disaggregation_transfer_backend not in MOONCAKE_BACKENDS | ({"fake"} if role is Role.DECODE else set()):

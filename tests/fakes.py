@@ -1,0 +1,116 @@
+"""A fake SGLang worker for hermetic router tests: answers /generate (plain or SSE), records what it was sent.
+
+This is a test double, not SGLang: it checks the router's plumbing (fields injected, streams relayed, aborts sent),
+never the generated tokens. The end-to-end tests use real SGLang processes for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+
+@dataclass
+class Behaviour:
+    status: int = 200
+    chunks: int = 3
+    chunk_delay: float = 0.0
+    delay: float = 0.0  # before answering at all
+    drop_after_chunks: int | None = None  # close the connection mid-stream, like a crashed server
+    hang: bool = False  # never answer (until aborted)
+
+
+@dataclass
+class FakeWorker:
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    received: list[dict] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    healthy: bool = True
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health() -> Response:
+            return Response(status_code=200 if self.healthy else 503)
+
+        @app.post("/abort_request")
+        async def abort(request: Request) -> Response:
+            self.aborted.append((await request.json())["rid"])
+            return Response(status_code=200)
+
+        @app.get("/v1/models")
+        async def models() -> dict:
+            return {"object": "list", "data": [{"id": "fake", "object": "model"}]}
+
+        async def generate(request: Request) -> Response:
+            body = await request.json()
+            self.received.append(body)
+            b = self.behaviour
+            if b.delay:
+                await asyncio.sleep(b.delay)
+            if b.hang:
+                rid = body.get("rid")
+                while rid not in self.aborted:
+                    await asyncio.sleep(0.01)
+                return JSONResponse({"error": {"message": "aborted"}}, status_code=500)
+            if b.status != 200:
+                return JSONResponse({"error": {"message": f"fake failure {b.status}"}}, status_code=b.status)
+            if not body.get("stream"):
+                return JSONResponse({"text": "x" * b.chunks, "output_ids": list(range(b.chunks)),
+                                     "meta_info": {"id": body.get("rid")}})
+            return StreamingResponse(self._stream(b), media_type="text/event-stream")
+
+        for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            app.post(path)(generate)
+        return app
+
+    async def _stream(self, b: Behaviour):
+        for i in range(b.chunks):
+            if b.drop_after_chunks is not None and i == b.drop_after_chunks:
+                raise RuntimeError("fake worker crashed mid-stream")  # uvicorn drops the connection
+            yield f"data: {json.dumps({'text': 'x' * (i + 1), 'output_ids': list(range(i + 1))})}\n\n".encode()
+            if b.chunk_delay:
+                await asyncio.sleep(b.chunk_delay)
+        yield b"data: [DONE]\n\n"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerThread:
+    """Run an ASGI app with uvicorn on a loopback port in a background thread."""
+
+    def __init__(self, app, port: int | None = None):
+        self.port = port or free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                                    lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise TimeoutError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

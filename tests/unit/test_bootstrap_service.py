@@ -1,0 +1,85 @@
+"""The bootstrap service: registration, heartbeats with a TTL, compatibility, auth, long-poll discovery."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from fastapi.testclient import TestClient
+
+from bootstrap.app import create_app
+from bootstrap.config import BootstrapConfig
+
+
+def registration(worker_id: str, role: str = "decode", page_size: int = 1, **extra) -> dict:
+    body = {
+        "worker_id": worker_id, "role": role, "url": f"http://127.0.0.1:{30000 + len(worker_id)}",
+        "identity": {"model_path": "m", "served_model_name": "m", "page_size": page_size, "kv_cache_dtype": "auto",
+                     "transfer_backend": "mooncake"},
+    }
+    if role == "prefill":
+        body |= {"bootstrap_host": "127.0.0.1", "bootstrap_port": 8999}
+    return body | extra
+
+
+def client(**config) -> TestClient:
+    return TestClient(create_app(BootstrapConfig(**config)))
+
+
+def test_register_list_heartbeat_deregister():
+    with client() as c:
+        assert c.put("/v1/workers/d1", json=registration("d1")).status_code == 200
+        listing = c.get("/v1/workers").json()
+        assert [w["registration"]["worker_id"] for w in listing["workers"]] == ["d1"]
+        assert c.post("/v1/workers/d1/heartbeat", json={"healthy": False, "detail": "SGLang /health 503"}).json()
+        assert c.get("/v1/workers").json()["workers"][0]["healthy"] is False
+        assert c.delete("/v1/workers/d1").status_code == 200
+        assert c.get("/v1/workers").json()["workers"] == []
+        assert c.post("/v1/workers/d1/heartbeat", json={}).status_code == 404
+
+
+def test_silent_worker_leaves_the_listing_after_the_ttl():
+    with client(ttl_seconds=0.5) as c:
+        c.put("/v1/workers/d1", json=registration("d1"))
+        time.sleep(1.2)
+        assert c.get("/v1/workers").json()["workers"] == []
+
+
+def test_bad_payloads_get_400_naming_the_field():
+    with client() as c:
+        bad_role = c.put("/v1/workers/x", json=registration("x", role="encoder"))
+        assert bad_role.status_code == 400 and bad_role.json()["error"]["param"] == "role"
+        no_port = registration("p", role="prefill")
+        del no_port["bootstrap_port"]
+        assert "bootstrap_port" in c.put("/v1/workers/p", json=no_port).json()["error"]["message"]
+        assert c.put("/v1/workers/y", json=registration("x")).status_code == 400  # id mismatch
+        assert c.put("/v1/workers/x", content=b"x" * 100_000).status_code == 413
+
+
+def test_writes_need_the_token_when_one_is_configured():
+    with client(token="t0k") as c:
+        assert c.put("/v1/workers/d1", json=registration("d1")).status_code == 401
+        wrong = c.put("/v1/workers/d1", json=registration("d1"), headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        ok = c.put("/v1/workers/d1", json=registration("d1"), headers={"authorization": "Bearer t0k"})
+        assert ok.status_code == 200
+        assert c.get("/v1/workers").status_code == 200  # reads stay open
+
+
+def test_incompatible_workers_are_reported_with_the_reason():
+    with client() as c:
+        c.put("/v1/workers/p1", json=registration("p1", role="prefill", page_size=1))
+        answer = c.put("/v1/workers/d1", json=registration("d1", page_size=16)).json()
+        assert "page_size 16 vs 1" in answer["incompatible"]
+        rows = {w["registration"]["worker_id"]: w for w in c.get("/v1/workers").json()["workers"]}
+        assert "page_size" in rows["p1"]["incompatible"] and "page_size" in rows["d1"]["incompatible"]
+
+
+def test_long_poll_answers_on_the_next_change():
+    with client() as c:
+        version = c.get("/v1/workers").json()["version"]
+        threading.Timer(0.3, lambda: c.put("/v1/workers/d1", json=registration("d1"))).start()
+        start = time.monotonic()
+        listing = c.get("/v1/workers", params={"wait_version": version, "timeout": 5}).json()
+        assert time.monotonic() - start < 2
+        assert listing["version"] > version and len(listing["workers"]) == 1
