@@ -1,0 +1,46 @@
+"""The official openai client talks to the router like to any OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+MODEL = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def client(cluster) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{cluster.router_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_completion_matches_native_generate(client, router):
+    completion = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0)
+    native = router.post("/generate", json={"text": "Once upon a time",
+                                            "sampling_params": {"max_new_tokens": 8, "temperature": 0}}).json()
+    assert completion.choices[0].text == native["text"]
+    assert completion.usage.completion_tokens == native["meta_info"]["completion_tokens"]
+
+
+def test_streamed_completion_adds_up_to_the_plain_one(client):
+    plain = client.completions.create(model=MODEL, prompt="The router", max_tokens=8, temperature=0)
+    stream = client.completions.create(model=MODEL, prompt="The router", max_tokens=8, temperature=0, stream=True)
+    pieces = [chunk.choices[0].text for chunk in stream if chunk.choices]
+    assert len(pieces) > 1
+    assert "".join(pieces) == plain.choices[0].text
+
+
+def test_chat_completion_plain_and_streamed(client):
+    messages = [{"role": "user", "content": "Tell me about servers."}]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    assert plain.choices[0].finish_reason in ("length", "stop")
+    assert plain.usage.completion_tokens <= 8 and plain.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                            stream=True)
+    pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+    assert "".join(pieces) == plain.choices[0].message.content
+
+
+def test_bad_request_surfaces_as_openai_bad_request_error(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=4, top_p=3)
+    assert "top_p" in str(caught.value)
