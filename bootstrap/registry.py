@@ -27,7 +27,8 @@ def incompatibility(worker: WorkerRegistration, others: list[WorkerRegistration]
 class Registry:
     def __init__(self, ttl_seconds: float):
         self.ttl = ttl_seconds
-        self.version = 0
+        self.started = time.time()
+        self.version = int(self.started * 1000)
         self._workers: dict[str, WorkerStatus] = {}
         self._changed = asyncio.Condition()
 
@@ -80,7 +81,8 @@ class Registry:
             if (role is None or reg.role is role) and (model is None or model in (
                     reg.identity.served_model_name, reg.identity.model_path)):
                 rows.append(row)
-        return WorkerListing(version=self.version, ttl_seconds=self.ttl, workers=rows)
+        return WorkerListing(version=self.version, ttl_seconds=self.ttl, uptime_seconds=time.time() - self.started,
+                             workers=rows)
 
     async def wait_for_change(self, since_version: int, timeout: float) -> None:
         async with self._changed:

@@ -80,9 +80,17 @@ class WorkerStatus(_Strict):
 
 
 class WorkerListing(_Strict):
+    # Moves on every change; starts from the service's start time in ms, so a restarted service never reuses one.
     version: int = Field(ge=0)
     ttl_seconds: float
+    # A service younger than its TTL may not have heard from every live worker yet (they re-register within one
+    # heartbeat): a follower should not drop workers missing from it until then.
+    uptime_seconds: float = 0.0
     workers: list[WorkerStatus]
+
+    @property
+    def warming_up(self) -> bool:
+        return self.uptime_seconds < self.ttl_seconds
 
 
 class ErrorDetail(BaseModel):

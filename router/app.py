@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
+import random
+import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from pdcluster.http import ApiError, check_bearer, install_error_handlers, read_json_object
+from pdcluster.http import ApiError, check_bearer, error_response, install_error_handlers, read_json_object
 from pdcluster.protocol import Role
 from router import health
 from router.config import RouterConfig
-from router.dispatch import Dispatcher, Pair
+from router.breaker import CircuitBreaker
+from router.dispatch import Dispatcher, Exchange, HalfFailed
+from router.logprobs import wants_logprobs
+from router.metrics import RouterMetrics
 from router.policies import RequestHint, make_policy
 from router.rooms import inject_pd_fields, new_request_id
 from router.validation import Checked, check_chat, check_completion, check_generate
@@ -26,20 +33,28 @@ log = logging.getLogger("pdcluster.router")
 
 
 def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
-    pool = pool or WorkerPool()
+    pool = pool or WorkerPool(make_breaker=lambda: CircuitBreaker(config.breaker_threshold, config.breaker_cooldown))
     pool.add_static(Role.PREFILL, config.prefill)
     pool.add_static(Role.DECODE, config.decode)
     prefill_policy, decode_policy = make_policy(config.prefill_policy), make_policy(config.decode_policy)
     api_key = config.resolved_api_key()
+    metrics = RouterMetrics(pool)
     background: set[asyncio.Task] = set()
     state: dict[str, Any] = {}
+
+    def on_failure(failure: HalfFailed) -> None:
+        if failure.status >= 500 or failure.status == 429:
+            failure.worker.breaker.on_failure()
+        if failure.transport:  # unreachable or dropped the connection: out of rotation until a probe succeeds
+            health.mark_failed(failure.worker, threshold=1)
+            metrics.ejections.labels(failure.worker.role.value).inc()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
         timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
         client = httpx.AsyncClient(limits=limits, timeout=timeout)
-        state["dispatcher"] = Dispatcher(client, lambda w: health.mark_failed(w, threshold=1), background)
+        state["dispatcher"] = Dispatcher(client, metrics, background, config.first_byte_timeout, on_failure)
         state["client"] = client
         tasks = [asyncio.create_task(health.probe_forever(config, pool, client))]
         if config.bootstrap_url:
@@ -52,31 +67,69 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
 
     app = FastAPI(title="pdcluster router", lifespan=lifespan)
     app.state.pool = pool
+    app.state.metrics = metrics
     install_error_handlers(app)
 
-    def choose_pair(hint: RequestHint) -> Pair:
-        prefills, decodes = pool.healthy(Role.PREFILL), pool.healthy(Role.DECODE)
+    def choose_pair(hint: RequestHint, tried: set[str]) -> tuple[Worker, Worker]:
+        decodes = pool.candidates(Role.DECODE, tried) or pool.candidates(Role.DECODE)
+        prefills = pool.candidates(Role.PREFILL, tried) or pool.candidates(Role.PREFILL)
         if not prefills or not decodes:
-            raise ApiError(503, f"no healthy pair: {len(prefills)} prefill and {len(decodes)} decode workers healthy")
+            raise ApiError(503, f"no healthy pair: {len(prefills)} prefill and {len(decodes)} decode workers available")
         decode = decode_policy.choose(decodes, hint)
         compatible = [p for p in prefills if p.compatible_with(decode)]
         if not compatible:
             raise ApiError(503, f"no prefill is compatible with decode {decode.url}")
-        return Pair(prefill_policy.choose(compatible, hint), decode)
+        return prefill_policy.choose(compatible, hint), decode
 
-    async def serve_pd(request: Request, path: str, check: Callable[[dict[str, Any]], Checked]) -> Response:
-        check_bearer(request, api_key)
-        body = await read_json_object(request, config.max_body_bytes)
-        checked = check(body)
+    async def serve_pd(request: Request, route: str, check: Callable[[dict[str, Any]], Checked]) -> Response:
+        started = time.monotonic()
         request_id = request.headers.get("x-request-id") or new_request_id()
-        pair = choose_pair(RequestHint(checked.prompt))
-        rids = inject_pd_fields(body, pair.prefill, checked.batch_size, request_id)
-        log.info("request_id=%s path=%s prefill=%s decode=%s stream=%s", request_id, path, pair.prefill.url,
-                 pair.decode.url, checked.stream)
-        response = await state["dispatcher"].forward(pair, path, body, rids, checked.stream,
-                                                     {"x-request-id": request_id})
+        try:
+            response = await asyncio.wait_for(attempts(request, route, check, request_id), config.total_timeout)
+        except ApiError as exc:
+            response = error_response(exc.status, exc.message, exc.param)
+        except asyncio.TimeoutError:
+            response = error_response(504, f"request took longer than total_timeout ({config.total_timeout}s)")
         response.headers["x-request-id"] = request_id
+        metrics.requests.labels(route, str(response.status_code)).inc()
+        if not isinstance(response, StreamingResponse):
+            metrics.latency.labels(route).observe(time.monotonic() - started)
         return response
+
+    async def attempts(request: Request, route: str, check: Callable[[dict[str, Any]], Checked],
+                       request_id: str) -> Response:
+        check_bearer(request, api_key)
+        original = await read_json_object(request, config.max_body_bytes)
+        checked = check(original)
+        tried: set[str] = set()
+        for attempt in range(config.max_attempts):
+            prefill, decode = choose_pair(RequestHint(checked.prompt), tried)
+            body = copy.deepcopy(original)
+            suffix = f"-retry{attempt}" if attempt else ""
+            if suffix and body.get("rid") is not None:  # a retried rid must not collide with the aborted one
+                body["rid"] = [r + suffix for r in body["rid"]] if isinstance(body["rid"], list) else body["rid"] + suffix
+            rids = inject_pd_fields(body, prefill, checked.batch_size, request_id + suffix)
+            log.info("request_id=%s route=%s attempt=%d prefill=%s decode=%s stream=%s", request_id, route,
+                     attempt, prefill.url, decode.url, checked.stream)
+            exchange = Exchange(prefill, decode, route, rids, checked.stream, {"x-request-id": request_id},
+                                merge_logprobs=route == "/generate" and wants_logprobs(original))
+            prefill.breaker.on_attempt()
+            decode.breaker.on_attempt()
+            try:
+                response = await state["dispatcher"].forward(exchange, body)
+            except HalfFailed as failure:
+                on_failure(failure)
+                log.warning("request_id=%s attempt=%d failed: %s", request_id, attempt, failure.message)
+                if not failure.retryable or attempt + 1 == config.max_attempts:
+                    return failure.response()
+                tried.add(failure.worker.worker_id)
+                metrics.retries.labels(route).inc()
+                await asyncio.sleep(config.retry_backoff * (2**attempt) * (0.5 + random.random()))
+                continue
+            prefill.breaker.on_success()
+            decode.breaker.on_success()
+            return response
+        raise AssertionError("unreachable: the last attempt returns")
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
@@ -111,6 +164,10 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
     async def model_info(request: Request) -> Response:
         return await from_a_decode(request, "/get_model_info")
 
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/health")
     async def alive() -> dict:
         return {"status": "ok"}
@@ -120,7 +177,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
         ok, detail = pool.readiness()
         workers = [
             {"worker_id": w.worker_id, "role": w.role.value, "url": w.url, "healthy": w.healthy,
-             "in_flight": w.in_flight, "incompatible": w.incompatible}
+             "breaker": w.breaker.state.name.lower(), "in_flight": w.in_flight, "incompatible": w.incompatible}
             for w in pool.workers.values()
         ]
         return JSONResponse({"ready": ok, "detail": detail, "workers": workers}, status_code=200 if ok else 503)

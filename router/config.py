@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
 
 class StaticWorker(BaseModel):
@@ -34,8 +34,18 @@ class RouterConfig(BaseModel):
     api_key: str | None = None
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     connect_timeout: float = Field(default=5.0, gt=0)
+    # Longest wait for the decode's response to start (headers; for a stream, before any token).
+    first_byte_timeout: float = Field(default=300.0, gt=0)
     # Longest wait for the next byte from a worker (a streamed token, or a whole non-streamed answer).
     read_timeout: float = Field(default=600.0, gt=0)
+    # Longest a whole request may take, streamed or not.
+    total_timeout: float = Field(default=1800.0, gt=0)
+    # Attempts per request on new pairs, for connection errors and 5xx/429 before the first byte reaches the client.
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    retry_backoff: float = Field(default=0.05, ge=0)  # doubled per attempt, with jitter
+    # Consecutive failures that open a worker's circuit breaker, and how long it then gets no traffic.
+    breaker_threshold: int = Field(default=5, ge=1)
+    breaker_cooldown: float = Field(default=10.0, gt=0)
     health_interval: float = Field(default=1.0, gt=0)
     health_timeout: float = Field(default=2.0, gt=0)
     # Consecutive failed health checks before a worker is ejected; one success readmits it.
@@ -48,6 +58,15 @@ class RouterConfig(BaseModel):
             if worker.bootstrap_port is None:
                 raise ValueError(f"prefill {worker.url}: bootstrap_port is required for a static prefill")
         return self
+
+    @field_validator("prefill_policy", "decode_policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        from router.policies import REGISTRY  # late: policies import the worker model, which imports this module
+
+        if name not in REGISTRY:
+            raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(REGISTRY))}")
+        return name
 
     def resolved_api_key(self) -> str | None:
         return self.api_key or os.environ.get("PDCLUSTER_API_KEY") or None

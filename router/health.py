@@ -20,9 +20,12 @@ log = logging.getLogger("pdcluster.router")
 
 async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient) -> None:
     version: int | None = None
+    warming_up = False
     headers = {"Authorization": f"Bearer {config.bootstrap_token}"} if config.bootstrap_token else {}
     while True:
-        params = {"timeout": 10.0} if version is None else {"wait_version": version, "timeout": 10.0}
+        params: dict = {"timeout": 10.0}
+        if version is not None and not warming_up:
+            params["wait_version"] = version
         try:
             response = await client.get(f"{config.bootstrap_url}/v1/workers", params=params, headers=headers,
                                         timeout=httpx.Timeout(5.0, read=15.0))
@@ -35,9 +38,13 @@ async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.
             version = None
             await asyncio.sleep(1.0)
             continue
-        if listing.version != version:
-            pool.sync_discovered(listing.workers)
+        warming_up = listing.warming_up
+        if listing.version != version or warming_up:
+            # A young registry has not heard from every live worker yet: add, but don't drop, until it has.
+            pool.sync_discovered(listing.workers, remove_missing=not warming_up)
         version = listing.version
+        if warming_up:
+            await asyncio.sleep(0.2)
 
 
 async def probe(worker: Worker, client: httpx.AsyncClient, config: RouterConfig) -> None:

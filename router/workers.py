@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+from collections.abc import Callable
+
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
+from router.breaker import CircuitBreaker
 from router.config import StaticWorker
 
 
@@ -24,6 +27,7 @@ class Worker:
     failed_probes: int = 0
     in_flight: int = 0
     incompatible: str = ""
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
     def healthy(self) -> bool:
@@ -47,14 +51,21 @@ class Worker:
 @dataclass
 class WorkerPool:
     workers: dict[str, Worker] = field(default_factory=dict)
+    make_breaker: Callable[[], CircuitBreaker] = CircuitBreaker
+
+    def _add(self, worker: Worker) -> Worker:
+        worker.breaker = self.make_breaker()
+        self.workers[worker.worker_id] = worker
+        return worker
 
     def add_static(self, role: Role, specs: list[StaticWorker]) -> None:
         for spec in specs:
-            worker = Worker.from_static(role, spec)
-            self.workers[worker.worker_id] = worker
+            self._add(Worker.from_static(role, spec))
 
-    def sync_discovered(self, rows: list[WorkerStatus]) -> None:
-        """Make the discovered part of the pool equal the registry listing, keeping live counters of known workers."""
+    def sync_discovered(self, rows: list[WorkerStatus], remove_missing: bool = True) -> None:
+        """Make the discovered part of the pool equal the registry listing, keeping live counters of known workers.
+
+        With remove_missing=False (a freshly restarted registry) workers are only added or updated."""
         seen = set()
         for row in rows:
             reg = row.registration
@@ -63,17 +74,22 @@ class WorkerPool:
             fresh = Worker.from_registration(reg)
             if current is None or (current.url, current.bootstrap_port, current.identity) != (
                 fresh.url, fresh.bootstrap_port, fresh.identity):
-                current = self.workers[reg.worker_id] = fresh
+                current = self._add(fresh)
             current.registry_healthy = row.healthy
             current.incompatible = row.incompatible
-        for worker_id in [w.worker_id for w in self.workers.values() if not w.static and w.worker_id not in seen]:
-            del self.workers[worker_id]
+        if remove_missing:
+            for worker_id in [w.worker_id for w in self.workers.values() if not w.static and w.worker_id not in seen]:
+                del self.workers[worker_id]
 
     def of_role(self, role: Role) -> list[Worker]:
         return [w for w in self.workers.values() if w.role is role]
 
     def healthy(self, role: Role) -> list[Worker]:
         return [w for w in self.of_role(role) if w.healthy]
+
+    def candidates(self, role: Role, exclude: set[str] = frozenset()) -> list[Worker]:
+        """Workers that may take a request now: healthy, breaker not open, not already tried for this request."""
+        return [w for w in self.healthy(role) if w.breaker.allows() and w.worker_id not in exclude]
 
     def readiness(self) -> tuple[bool, str]:
         prefills, decodes = self.healthy(Role.PREFILL), self.healthy(Role.DECODE)

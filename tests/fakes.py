@@ -26,6 +26,7 @@ class Behaviour:
     delay: float = 0.0  # before answering at all
     drop_after_chunks: int | None = None  # close the connection mid-stream, like a crashed server
     hang: bool = False  # never answer (until aborted)
+    fail_first: int = 0  # answer the first N requests with 503, then behave
 
 
 @dataclass
@@ -62,8 +63,9 @@ class FakeWorker:
                 while rid not in self.aborted:
                     await asyncio.sleep(0.01)
                 return JSONResponse({"error": {"message": "aborted"}}, status_code=500)
-            if b.status != 200:
-                return JSONResponse({"error": {"message": f"fake failure {b.status}"}}, status_code=b.status)
+            if b.status != 200 or len(self.received) <= b.fail_first:
+                status = b.status if b.status != 200 else 503
+                return JSONResponse({"error": {"message": f"fake failure {status}"}}, status_code=status)
             if not body.get("stream"):
                 return JSONResponse({"text": "x" * b.chunks, "output_ids": list(range(b.chunks)),
                                      "meta_info": {"id": body.get("rid")}})

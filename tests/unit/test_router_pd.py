@@ -8,6 +8,7 @@ from contextlib import ExitStack, contextmanager
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from router.app import create_app
 from router.config import RouterConfig
@@ -66,7 +67,7 @@ def test_sse_chunks_pass_through_as_they_arrive():
 
 def test_prefill_failure_aborts_the_decode_half_and_returns_502():
     prefill, decode = FakeWorker(Behaviour(status=500)), FakeWorker(Behaviour(hang=True))
-    with cluster(prefill, decode) as url:
+    with cluster(prefill, decode, max_attempts=1) as url:
         start = time.monotonic()
         response = httpx.post(f"{url}/generate", json={"text": "hi"}, timeout=10)
         assert time.monotonic() - start < 3
@@ -138,3 +139,75 @@ def test_api_key_is_required_when_configured():
         assert httpx.post(f"{url}/generate", json={"text": "hi"}).status_code == 401
         ok = httpx.post(f"{url}/generate", json={"text": "hi"}, headers={"authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+
+
+def metric(url: str, name: str, **labels) -> float:
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+def test_failure_before_the_first_byte_is_retried_on_a_new_attempt():
+    # The decode answers late, as a real one does: it cannot generate before the prefill's KV arrives.
+    prefill, decode = FakeWorker(Behaviour(fail_first=1)), FakeWorker(Behaviour(delay=0.3))
+    with cluster(prefill, decode, retry_backoff=0) as url:
+        response = httpx.post(f"{url}/generate", json={"text": "hi"})
+        assert response.status_code == 200
+        assert metric(url, "pdcluster_router_retries_total", route="/generate") == 1
+    assert len(prefill.received) == 2
+    first, second = (b["rid"] for b in prefill.received)
+    assert second == first + "-retry1" and decode.aborted == [first]
+
+
+def test_failure_after_the_first_byte_is_never_retried():
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(chunks=5, drop_after_chunks=2))
+    with cluster(prefill, decode) as url:
+        with httpx.stream("POST", f"{url}/generate", json={"text": "hi", "stream": True}) as response:
+            events = [line for line in response.iter_lines() if line.startswith("data:")]
+        assert "error" in events[-1]
+        assert metric(url, "pdcluster_router_retries_total", route="/generate") == 0
+    assert len(decode.received) == 1 and len(prefill.received) == 1
+
+
+def test_client_errors_are_not_retried_and_pass_through():
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(status=400))
+    with cluster(prefill, decode) as url:
+        response = httpx.post(f"{url}/generate", json={"text": "hi"})
+    assert response.status_code == 400 and response.json()["error"]["message"] == "fake failure 400"
+    assert len(decode.received) == 1
+
+
+def test_breaker_opens_after_failures_and_closes_after_recovery():
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(status=503))
+    with cluster(prefill, decode, breaker_threshold=3, breaker_cooldown=0.5, max_attempts=1) as url:
+        for _ in range(3):
+            assert httpx.post(f"{url}/generate", json={"text": "hi"}).status_code == 502
+        assert metric(url, "pdcluster_router_breaker_state", worker=decode_url(url), role="decode") == 2
+        refused = httpx.post(f"{url}/generate", json={"text": "hi"})
+        assert refused.status_code == 503 and len(decode.received) == 3  # open: no traffic at all
+        decode.behaviour = Behaviour()
+        time.sleep(0.6)  # cooldown over: one trial request goes through and closes the breaker
+        assert httpx.post(f"{url}/generate", json={"text": "hi"}).status_code == 200
+        assert metric(url, "pdcluster_router_breaker_state", worker=decode_url(url), role="decode") == 0
+
+
+def decode_url(router_url: str) -> str:
+    ready = httpx.get(f"{router_url}/ready").json()
+    return next(w["url"] for w in ready["workers"] if w["role"] == "decode")
+
+
+def test_metrics_count_exactly_the_requests_sent():
+    prefill, decode = FakeWorker(), FakeWorker()
+    with cluster(prefill, decode) as url:
+        for _ in range(7):
+            httpx.post(f"{url}/generate", json={"text": "hi"})
+        for _ in range(2):
+            httpx.post(f"{url}/generate", json={"text": 1})
+        with httpx.stream("POST", f"{url}/generate", json={"text": "hi", "stream": True}) as response:
+            list(response.iter_lines())
+        assert metric(url, "pdcluster_router_requests_total", route="/generate", status="200") == 8
+        assert metric(url, "pdcluster_router_requests_total", route="/generate", status="400") == 2
+        assert metric(url, "pdcluster_router_ttft_seconds_count", route="/generate") == 1
+        assert metric(url, "pdcluster_router_request_duration_seconds_count", route="/generate") == 10

@@ -1,0 +1,56 @@
+"""`return_logprob` under PD: the prefill computed the prompt's logprobs, the decode the output's. The client gets
+the decode's answer with the prefill's input logprobs put in front, as SGLang's own router does."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+INPUT_FIELDS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
+
+
+def wants_logprobs(body: dict[str, Any]) -> bool:
+    flag = body.get("return_logprob")
+    return any(flag) if isinstance(flag, list) else bool(flag)
+
+
+def _merge_one(decode: dict[str, Any], prefill: dict[str, Any]) -> None:
+    d_meta, p_meta = decode.get("meta_info"), prefill.get("meta_info")
+    if not isinstance(d_meta, dict) or not isinstance(p_meta, dict):
+        return
+    for name in INPUT_FIELDS:
+        if isinstance(p_meta.get(name), list):
+            d_meta[name] = p_meta[name] + (d_meta.get(name) or [])
+
+
+def merge(decode: Any, prefill: Any) -> Any:
+    """Merge a decode answer (an object, or a list for a batch) with the matching prefill answer, in place."""
+    if isinstance(decode, list) and isinstance(prefill, list):
+        for d, p in zip(decode, prefill):
+            _merge_one(d, p)
+    elif isinstance(decode, dict) and isinstance(prefill, dict):
+        _merge_one(decode, prefill)
+    return decode
+
+
+def prefill_answer(payload: bytes) -> Any:
+    """The prefill's answer: a JSON body, or the last `data:` event of its stream."""
+    text = payload.decode(errors="replace").strip()
+    if text.startswith("data:"):
+        events = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+        events = [e for e in events if e and e != "[DONE]"]
+        text = events[-1] if events else "null"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def merge_first_event(event: bytes, prefill: Any) -> bytes:
+    """Merge into the first SSE event of the decode's stream (`data: {...}\\n\\n`)."""
+    head, _, rest = event.partition(b"data:")
+    try:
+        data = json.loads(rest)
+    except json.JSONDecodeError:
+        return event
+    return head + b"data: " + json.dumps(merge(data, prefill)).encode() + b"\n\n"
