@@ -71,15 +71,16 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
     install_error_handlers(app)
 
     def choose_pair(hint: RequestHint, tried: set[str]) -> tuple[Worker, Worker]:
-        decodes = pool.candidates(Role.DECODE, tried) or pool.candidates(Role.DECODE)
         prefills = pool.candidates(Role.PREFILL, tried) or pool.candidates(Role.PREFILL)
-        if not prefills or not decodes:
-            raise ApiError(503, f"no healthy pair: {len(prefills)} prefill and {len(decodes)} decode workers available")
-        decode = decode_policy.choose(decodes, hint)
-        compatible = [p for p in prefills if p.compatible_with(decode)]
-        if not compatible:
-            raise ApiError(503, f"no prefill is compatible with decode {decode.url}")
-        return prefill_policy.choose(compatible, hint), decode
+        decodes = pool.candidates(Role.DECODE, tried) or pool.candidates(Role.DECODE)
+        # Only decodes that some prefill can send KV to (same model, page size, KV dtype, transfer backend).
+        pairable = [d for d in decodes if any(p.compatible_with(d) for p in prefills)]
+        if not pairable:
+            detail = "no prefill is compatible with any decode" if prefills and decodes else (
+                f"{len(prefills)} prefill and {len(decodes)} decode workers available")
+            raise ApiError(503, f"no healthy pair: {detail}")
+        decode = decode_policy.choose(pairable, hint)
+        return prefill_policy.choose([p for p in prefills if p.compatible_with(decode)], hint), decode
 
     async def serve_pd(request: Request, route: str, check: Callable[[dict[str, Any]], Checked]) -> Response:
         started = time.monotonic()
@@ -128,6 +129,8 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
                 continue
             prefill.breaker.on_success()
             decode.breaker.on_success()
+            response.headers["x-pdcluster-prefill"] = prefill.worker_id
+            response.headers["x-pdcluster-decode"] = decode.worker_id
             return response
         raise AssertionError("unreachable: the last attempt returns")
 

@@ -110,7 +110,7 @@ def build_plan(role: Role, config_path: str | None, overrides: list[str], env: d
             bootstrap_port = checks.choose_kv_bootstrap_port(ns.host, cluster.kv_bootstrap_port_base, {ns.port})
             options.set_value("disaggregation-bootstrap-port", bootstrap_port)
 
-    env_added = dict(COMMON_ENV)
+    env_added = {**COMMON_ENV, **cluster.env}
     env_added["SGLANG_HOST_IP"] = advertise  # Mooncake and SGLang's ZMQ endpoints bind/announce this address
     if cpu:
         env_added.update(CPU_ENV | CPU_ROLE_ENV[role])

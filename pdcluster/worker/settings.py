@@ -23,8 +23,15 @@ class ClusterSettings(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # How long SGLang may take to answer /health before the launcher gives up on it.
     ready_timeout: float = Field(default=900.0, gt=0)
+    # Extra environment for SGLang, e.g. its PD timeouts (SGLANG_DISAGGREGATION_*); the caller's environment wins.
+    env: dict[str, str] = {}
     # First port tried for a prefill's SGLang KV bootstrap server when the config does not set one.
     kv_bootstrap_port_base: int = Field(default=8999, ge=1024, le=65000)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_as_strings(cls, value: object) -> object:
+        return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else value
 
     @field_validator("bootstrap_url")
     @classmethod

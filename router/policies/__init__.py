@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from router.policies.base import Policy, RequestHint
 from router.policies.power_of_two import PowerOfTwo
+from router.policies.prefix import PrefixAffinity
 from router.policies.random_choice import RandomChoice
 from router.policies.round_robin import RoundRobin
 
@@ -13,6 +14,7 @@ REGISTRY: dict[str, Callable[[], Policy]] = {
     RoundRobin.name: RoundRobin,
     RandomChoice.name: RandomChoice,
     PowerOfTwo.name: PowerOfTwo,
+    PrefixAffinity.name: PrefixAffinity,
 }
 
 

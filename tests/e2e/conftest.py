@@ -1,4 +1,4 @@
-"""One real cluster for the whole end-to-end run: bootstrap service, SGLang prefill and decode, router.
+"""One real cluster for the whole end-to-end run: bootstrap service, 2 SGLang prefills, 2 decodes, router.
 
 It starts through pdcluster.local, the same launcher as `make up`, on ports of its own. If it cannot start, every
 end-to-end test errors (never skips): CI must not go green on a cluster that does not run.
@@ -6,11 +6,14 @@ end-to-end test errors (never skips): CI must not go green on a cluster that doe
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
@@ -23,9 +26,9 @@ def e2e_spec() -> LocalSpec:
     return LocalSpec(
         bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=18998),
         router=ComponentSpec(config="configs/router.yaml", port=18000),
-        prefill=WorkerGroupSpec(config="configs/prefill.yaml", count=1, first_port=31100,
+        prefill=WorkerGroupSpec(config="configs/prefill.yaml", count=2, first_port=31100,
                                 first_kv_bootstrap_port=19000),
-        decode=WorkerGroupSpec(config="configs/decode.yaml", count=1, first_port=31200),
+        decode=WorkerGroupSpec(config="configs/decode.yaml", count=2, first_port=31200),
         ready_timeout=600,
     )
 
@@ -61,3 +64,50 @@ def router(cluster) -> httpx.Client:
 @pytest.fixture(scope="session")
 def reference(demo_model) -> ReferenceModel:
     return ReferenceModel(str(demo_model))
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL, include_root: bool = True) -> None:
+    root = psutil.Process(pid)
+    for process in [*root.children(recursive=True), *([root] if include_root else [])]:
+        try:
+            process.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def used_tokens(worker_url: str) -> int:
+    """SGLang's live KV usage (asked of the scheduler, not a cached metric)."""
+    loads = httpx.get(f"{worker_url}/v1/loads", params={"include": "core"}, timeout=10).json()["loads"]
+    return sum(load["num_used_tokens"] for load in loads)
+
+
+def listing(cluster, role: str | None = None) -> list[dict]:
+    params = {"role": role} if role else {}
+    return httpx.get(f"{cluster.spec.bootstrap_url}/v1/workers", params=params, timeout=5).json()["workers"]
+
+
+def worker_url(cluster, name: str) -> str:
+    group, index = name.split("-")
+    spec = cluster.spec.prefill if group == "prefill" else cluster.spec.decode
+    return f"http://127.0.0.1:{spec.first_port + int(index)}"
+
+
+def restart(cluster, names: list[str], router) -> None:
+    for name in names:
+        process = cluster.processes[name]
+        if process.running:
+            kill_tree(process.popen.pid)
+            process.popen.wait(timeout=30)
+        process.start()
+    want = len(cluster.processes) - 2  # every worker
+    assert wait_for(lambda: sum(w["healthy"] for w in router.get("/ready").json()["workers"]) == want, 300), (
+        router.get("/ready").json())

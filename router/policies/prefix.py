@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from router.policies.base import RequestHint
+from router.workers import Worker
+
+
+class PrefixAffinity:
+    """Requests sharing a prompt prefix go to the worker that served it, so SGLang's radix cache hits.
+
+    The prompt is cut into blocks; each block's key hashes the whole prefix up to it (like SGLang's page keys), and a
+    bounded LRU map remembers which worker last served each key. The longest remembered prefix wins, unless that
+    worker has `max_imbalance` more requests in flight than the least loaded one: then load wins.
+    """
+
+    name = "prefix"
+
+    def __init__(self, block_chars: int = 64, min_blocks: int = 2, max_imbalance: int = 4, capacity: int = 200_000):
+        self.block_chars, self.min_blocks, self.max_imbalance, self.capacity = (
+            block_chars, min_blocks, max_imbalance, capacity)
+        self._owner: OrderedDict[bytes, str] = OrderedDict()
+        self._rng = random.Random()
+
+    def _keys(self, prompt: str) -> list[bytes]:
+        keys, digest = [], hashlib.blake2b(digest_size=16)
+        data = prompt.encode()
+        for start in range(0, len(data) - self.block_chars + 1, self.block_chars):
+            digest.update(data[start:start + self.block_chars])
+            keys.append(digest.copy().digest())
+        return keys
+
+    def choose(self, candidates: Sequence[Worker], hint: RequestHint) -> Worker:
+        keys = self._keys(hint.prompt)
+        by_id = {w.worker_id: w for w in candidates}
+        lowest = min(w.in_flight for w in candidates)
+        least = self._rng.choice([w for w in candidates if w.in_flight == lowest])  # spread new prefixes
+        chosen = least
+        for depth in range(len(keys), self.min_blocks - 1, -1):
+            owner = by_id.get(self._owner.get(keys[depth - 1], ""))
+            if owner is not None:
+                if owner.in_flight - least.in_flight < self.max_imbalance:
+                    chosen = owner
+                break
+        for key in keys:
+            self._owner[key] = chosen.worker_id
+            self._owner.move_to_end(key)
+        while len(self._owner) > self.capacity:
+            self._owner.popitem(last=False)
+        return chosen
