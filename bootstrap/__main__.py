@@ -17,8 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--url", help="for status: the service's URL (default: from the config)")
+    parser.add_argument("--dry-run", action="store_true", help="validate the config, print it, and exit")
     args = parser.parse_args(argv)
     config = load_model(BootstrapConfig, args.config, {"host": args.host, "port": args.port}, prog="bootstrap")
+    if args.dry_run:
+        print(config.model_dump_json(indent=2))
+        return 0
     if args.command == "status":
         from bootstrap.status import print_status
 
