@@ -137,9 +137,11 @@ class LocalCluster:
                 raise RuntimeError(f"{dead[0].name} exited with status {dead[0].popen.returncode} before the "
                                    f"cluster was ready; its log ({dead[0].log_path}) ends with:\n{dead[0].tail()}")
             try:
-                if httpx.get(f"{self.router_url}/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
+                ready = httpx.get(f"{self.router_url}/ready", timeout=2)
+                healthy = sum(w["healthy"] for w in ready.json()["workers"])
+                if ready.status_code == 200 and healthy >= self.spec.prefill.count + self.spec.decode.count:
+                    return  # every worker serves, not just the first pair
+            except (httpx.HTTPError, ValueError, KeyError):
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"router not ready after {timeout or self.spec.ready_timeout:.0f}s; logs in {self.log_dir}")
