@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from pdcluster.config_file import load_model
+from pdcluster.logs import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(config.model_dump_json(indent=2))
         return 0
-    logging.basicConfig(level=config.log_level.upper(), format="[router %(asctime)s] %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # health probes every second are noise
+    setup_logging("router", config.log_level, json_lines=config.log_format == "json")
 
     import uvicorn
 

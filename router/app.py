@@ -93,6 +93,9 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
             response = error_response(504, f"request took longer than total_timeout ({config.total_timeout}s)")
         response.headers["x-request-id"] = request_id
         metrics.requests.labels(route, str(response.status_code)).inc()
+        log.info("answered", extra={"request_id": request_id, "route": route, "status": response.status_code,
+                                    "ms": round((time.monotonic() - started) * 1000, 1),
+                                    "streaming": isinstance(response, StreamingResponse)})
         if not isinstance(response, StreamingResponse):
             metrics.latency.labels(route).observe(time.monotonic() - started)
         return response
@@ -110,8 +113,8 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
             if suffix and body.get("rid") is not None:  # a retried rid must not collide with the aborted one
                 body["rid"] = [r + suffix for r in body["rid"]] if isinstance(body["rid"], list) else body["rid"] + suffix
             rids = inject_pd_fields(body, prefill, checked.batch_size, request_id + suffix)
-            log.info("request_id=%s route=%s attempt=%d prefill=%s decode=%s stream=%s", request_id, route,
-                     attempt, prefill.url, decode.url, checked.stream)
+            log.info("dispatch", extra={"request_id": request_id, "route": route, "attempt": attempt,
+                                        "prefill": prefill.url, "decode": decode.url, "stream": checked.stream})
             exchange = Exchange(prefill, decode, route, rids, checked.stream, {"x-request-id": request_id},
                                 merge_logprobs=route == "/generate" and wants_logprobs(original))
             prefill.breaker.on_attempt()
@@ -120,7 +123,8 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
                 response = await state["dispatcher"].forward(exchange, body)
             except HalfFailed as failure:
                 on_failure(failure)
-                log.warning("request_id=%s attempt=%d failed: %s", request_id, attempt, failure.message)
+                log.warning("attempt failed", extra={"request_id": request_id, "attempt": attempt,
+                                                     "error": failure.message, "retryable": failure.retryable})
                 if not failure.retryable or attempt + 1 == config.max_attempts:
                     return failure.response()
                 tried.add(failure.worker.worker_id)

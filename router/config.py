@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
@@ -51,6 +52,8 @@ class RouterConfig(BaseModel):
     # Consecutive failed health checks before a worker is ejected; one success readmits it.
     unhealthy_threshold: int = Field(default=2, ge=1)
     log_level: str = "warning"
+    # json: one JSON object per line (for log pipelines); text: human-readable lines.
+    log_format: Literal["json", "text"] = "json"
 
     @model_validator(mode="after")
     def _static_prefills_have_bootstrap(self) -> RouterConfig:

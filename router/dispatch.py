@@ -88,9 +88,9 @@ class Dispatcher:
             self.metrics.aborts.labels(worker.role.value).inc()
             try:
                 await self.client.post(f"{worker.url}/abort_request", json={"rid": rid}, timeout=5.0)
-                log.info("aborted rid=%s on %s %s", rid, worker.role.value, worker.url)
+                log.info("abort sent", extra={"rid": rid, "role": worker.role.value, "worker": worker.url})
             except httpx.HTTPError as exc:
-                log.warning("abort of rid=%s on %s failed: %s", rid, worker.url, exc)
+                log.warning("abort failed", extra={"rid": rid, "worker": worker.url, "error": repr(exc)})
 
     async def _prefill_half(self, ex: Exchange, body: bytes) -> bytes:
         worker = ex.prefill
@@ -196,11 +196,11 @@ class Dispatcher:
                     self.spawn(self.abort(ex.prefill, ex.rids))
                     failure = _transport_failure(ex.decode, exc)
                     self.on_failure(failure)
-                    log.warning("stream rids=%s broke: %s", ex.rids, failure.message)
+                    log.warning("stream broke", extra={"rids": ex.rids, "error": failure.message})
                     yield self._error_event(ex, failure)
             if prefill_failure:
                 self.on_failure(prefill_failure[0])
-                log.warning("stream rids=%s: %s", ex.rids, prefill_failure[0].message)
+                log.warning("stream broke", extra={"rids": ex.rids, "error": prefill_failure[0].message})
                 yield self._error_event(ex, prefill_failure[0])
         except (asyncio.CancelledError, GeneratorExit):
             if not completed:  # the client disconnected mid-stream

@@ -33,8 +33,8 @@ async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.
             listing = WorkerListing.model_validate(response.json())
         except (httpx.HTTPError, ValueError) as exc:
             if version is not None:
-                log.warning("bootstrap service unreachable (%s); serving the last known %d workers",
-                            type(exc).__name__, len(pool.workers))
+                log.warning("bootstrap service unreachable; serving the last known workers",
+                            extra={"error": type(exc).__name__, "workers": len(pool.workers)})
             version = None
             await asyncio.sleep(1.0)
             continue
@@ -55,7 +55,7 @@ async def probe(worker: Worker, client: httpx.AsyncClient, config: RouterConfig)
         ok = False
     if ok:
         if not worker.probe_healthy:
-            log.warning("%s %s is healthy again", worker.role.value, worker.url)
+            log.warning("worker readmitted", extra={"role": worker.role.value, "worker": worker.url})
         worker.probe_healthy, worker.failed_probes = True, 0
     else:
         mark_failed(worker, config.unhealthy_threshold)
@@ -65,7 +65,8 @@ def mark_failed(worker: Worker, threshold: int) -> None:
     worker.failed_probes += 1
     if worker.failed_probes >= threshold and worker.probe_healthy:
         worker.probe_healthy = False
-        log.warning("%s %s ejected after %d failed checks", worker.role.value, worker.url, worker.failed_probes)
+        log.warning("worker ejected", extra={"role": worker.role.value, "worker": worker.url,
+                                             "failed_checks": worker.failed_probes})
 
 
 async def probe_forever(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient) -> None:

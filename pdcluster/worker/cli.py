@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from pdcluster.logs import setup_logging
 from pdcluster.protocol import Role
 from pdcluster.worker.options import ConfigError
 
@@ -21,8 +22,7 @@ def main(role: Role, argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", action="append", default=[], metavar="KEY=VALUE",
                         help="override a setting of the config's cluster: section (repeatable)")
     args, overrides = parser.parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"[{role.value} %(asctime)s] %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
+    setup_logging(role.value, "info", json_lines=False)  # interleaved with SGLang's own text lines
 
     from pdcluster.worker.plan import build_plan  # after argparse, so --help stays instant
 

@@ -41,6 +41,15 @@ class ReferenceModel:
         return Reference(prompt, ids[len(prompt):], margins)
 
 
+    def prompt_logprobs(self, text: str) -> list[float]:
+        """log p(token i | tokens < i) for every prompt token after the first."""
+        ids = self.tokenizer(text)["input_ids"]
+        with torch.inference_mode():
+            logits = self.model(torch.tensor([ids])).logits[0].float()
+        logprobs = torch.log_softmax(logits[:-1], dim=-1)
+        return [float(logprobs[i, ids[i + 1]]) for i in range(len(ids) - 1)]
+
+
 def assert_matches(got: list[int], ref: Reference, eos: int) -> None:
     want = [t for t in ref.ids if t != eos]
     got = [t for t in got if t != eos]

@@ -88,3 +88,23 @@ def test_model_info_and_models_come_from_a_decode_worker(router):
     assert info.status_code == 200 and info.json()["model_path"].endswith("tiny-llama")
     models = router.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny-llama"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_return_logprob_merges_the_prefills_input_logprobs(router, reference, prompts, stream):
+    body = greedy_body(prompts["hundred"], 4, return_logprob=True, logprob_start_len=0, stream=stream)
+    if stream:
+        with router.stream("POST", "/generate", json=body) as response:
+            first = sse_events(response)[0]
+        meta = first["meta_info"]
+    else:
+        response = router.post("/generate", json=body)
+        assert response.status_code == 200, response.text
+        meta = response.json()["meta_info"]
+        assert len(meta["output_token_logprobs"]) == 4
+    # Computed by the prefill (the decode never sees the prompt's logits), put in front by the router.
+    got = meta["input_token_logprobs"]
+    want = reference.prompt_logprobs(prompts["hundred"])
+    assert len(got) == meta["prompt_tokens"] == len(want) + 1
+    assert got[0][0] is None
+    assert [round(lp, 3) for lp, _, _ in got[1:]] == pytest.approx([round(w, 3) for w in want], abs=2e-3)
