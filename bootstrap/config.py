@@ -17,7 +17,7 @@ class BootstrapConfig(BaseModel):
     # Shared secret required on writes (register, heartbeat, deregister); PDCLUSTER_TOKEN when unset.
     token: str | None = None
     # A worker missing heartbeats for this long is dropped from the listing.
-    ttl_seconds: float = Field(default=3.0, gt=0)
+    ttl_seconds: float = Field(default=5.0, gt=0)
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     log_level: str = "warning"
 

@@ -70,6 +70,18 @@ def mark_failed(worker: Worker, threshold: int) -> None:
 
 
 async def probe_forever(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient) -> None:
-    while True:
-        await asyncio.gather(*(probe(w, client, config) for w in list(pool.workers.values())))
-        await asyncio.sleep(config.health_interval)
+    """Probe every worker each health_interval; a slow probe (SGLang's /health generates a token) delays only its
+    own worker's next probe, never the others'."""
+    running: dict[str, asyncio.Task] = {}
+    try:
+        while True:
+            for worker in list(pool.workers.values()):
+                task = running.get(worker.worker_id)
+                if task is None or task.done():
+                    running[worker.worker_id] = asyncio.create_task(probe(worker, client, config))
+            for gone in [wid for wid in running if wid not in pool.workers]:
+                running.pop(gone).cancel()
+            await asyncio.sleep(config.health_interval)
+    finally:
+        for task in running.values():
+            task.cancel()

@@ -1,7 +1,11 @@
 """Keep a worker's entry in the bootstrap service true: register once SGLang answers, heartbeat, deregister on exit.
 
-Runs in a thread of the worker launcher. The bootstrap service may restart at any time: a heartbeat answered with 404
-means it forgot us, and we register again, so a restarted service is whole again within one heartbeat.
+Two threads: one probes SGLang's /health (which runs a real one-token generation, so it takes a second or more, and
+longer under load), the other heartbeats on a fixed beat with the last probe's verdict. Keeping them apart means a
+slow probe never makes the worker miss heartbeats and drop out of the registry.
+
+The bootstrap service may restart at any time: a heartbeat answered with 404 means it forgot us, and we register
+again, so a restarted service is whole again within one heartbeat.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from pdcluster.worker.plan import LaunchPlan
 
 log = logging.getLogger("pdcluster.worker")
 
+# SGLang's /health gives up after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) and answers 503; wait a little longer than that.
+HEALTH_PROBE_TIMEOUT = 25.0
+
 
 class Registrar:
     def __init__(self, plan: LaunchPlan):
@@ -24,42 +31,50 @@ class Registrar:
         token = plan.cluster.resolved_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.service = httpx.Client(base_url=plan.cluster.bootstrap_url or "", headers=headers, timeout=3.0)
-        self.probe = httpx.Client(timeout=3.0)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
+        self._serving = threading.Event()
+        self.health: tuple[bool, str] = (False, "starting")
         self.registered = False
+        self._threads = [threading.Thread(target=self._probe_loop, name="health-probe", daemon=True),
+                         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)]
 
     def start(self, _proc: object = None) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)
         if self.registered:
             try:
                 self.service.delete(f"/v1/workers/{self.registration.worker_id}")
             except httpx.HTTPError as exc:
                 log.warning("could not deregister %s: %s", self.registration.worker_id, exc)
 
-    def _sglang_healthy(self) -> tuple[bool, str]:
+    def _probe(self, client: httpx.Client) -> tuple[bool, str]:
         try:
-            response = self.probe.get(self.plan.health_url)
+            response = client.get(self.plan.health_url)
         except httpx.HTTPError as exc:
             return False, f"SGLang /health unreachable: {type(exc).__name__}"
         return response.status_code == 200, "" if response.status_code == 200 else f"SGLang /health {response.status_code}"
 
-    def _wait_until_serving(self) -> bool:
+    def _probe_loop(self) -> None:
         deadline = time.monotonic() + self.plan.cluster.ready_timeout
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            if self._sglang_healthy()[0]:
-                return True
-            self._stop.wait(1.0)
-        return False
+        with httpx.Client(timeout=HEALTH_PROBE_TIMEOUT) as client:
+            while not self._stop.is_set():
+                self.health = self._probe(client)
+                if self.health[0]:
+                    self._serving.set()
+                elif not self._serving.is_set() and time.monotonic() > deadline:
+                    log.error("SGLang did not answer /health within %.0fs; not registering", self.plan.cluster.ready_timeout)
+                    return
+                self._stop.wait(self.plan.cluster.heartbeat_interval)
 
     def _register(self) -> None:
-        response = self.service.put(
-            f"/v1/workers/{self.registration.worker_id}", content=self.registration.model_dump_json()
-        , headers={"content-type": "application/json"})
+        response = self.service.put(f"/v1/workers/{self.registration.worker_id}",
+                                    content=self.registration.model_dump_json(),
+                                    headers={"content-type": "application/json"})
         if response.status_code >= 400:
             log.error("bootstrap service refused registration (%s): %s", response.status_code, response.text)
             return
@@ -69,23 +84,21 @@ class Registrar:
             log.warning("%s cannot be paired: %s", self.registration.worker_id, incompatible)
         log.info("registered %s as %s", self.registration.worker_id, self.registration.url)
 
-    def _run(self) -> None:
-        if not self._wait_until_serving():
-            return
-        interval = self.plan.cluster.heartbeat_interval
+    def _heartbeat_loop(self) -> None:
+        while not self._serving.is_set():
+            if self._stop.wait(0.5):
+                return
         while not self._stop.is_set():
             try:
                 if not self.registered:
                     self._register()
                 else:
-                    healthy, detail = self._sglang_healthy()
-                    response = self.service.post(
-                        f"/v1/workers/{self.registration.worker_id}/heartbeat",
-                        json={"healthy": healthy, "detail": detail},
-                    )
+                    healthy, detail = self.health
+                    response = self.service.post(f"/v1/workers/{self.registration.worker_id}/heartbeat",
+                                                 json={"healthy": healthy, "detail": detail})
                     if response.status_code == 404:
                         self.registered = False
                         continue
             except httpx.HTTPError as exc:
                 log.debug("bootstrap service unreachable: %s", exc)
-            self._stop.wait(interval)
+            self._stop.wait(self.plan.cluster.heartbeat_interval)
