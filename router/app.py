@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -53,8 +54,14 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
     async def lifespan(_app: FastAPI):
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
         timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
+        # Control plane (discovery, probes, model info): httpx. Data plane (every request's two halves): aiohttp.
         client = httpx.AsyncClient(limits=limits, timeout=timeout)
-        state["dispatcher"] = Dispatcher(client, metrics, background, config.first_byte_timeout, on_failure)
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, connect=config.connect_timeout, sock_read=config.read_timeout),
+            auto_decompress=False,  # bytes are relayed as the worker sent them
+        )
+        state["dispatcher"] = Dispatcher(session, metrics, background, config.first_byte_timeout, on_failure)
         state["client"] = client
         tasks = [asyncio.create_task(health.probe_forever(config, pool, client))]
         if config.bootstrap_url:
@@ -64,6 +71,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> FastAPI:
             task.cancel()
         await asyncio.gather(*tasks, *background, return_exceptions=True)
         await client.aclose()
+        await session.close()
 
     app = FastAPI(title="pdcluster router", lifespan=lifespan)
     app.state.pool = pool

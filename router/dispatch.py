@@ -1,5 +1,8 @@
 """The PD dispatcher: send one request to a prefill and a decode at once, answer with the decode's response.
 
+The data plane uses aiohttp's client: measured on this router (bench/results/relay_experiment.json), httpx's
+connection pool cost 5-15 ms of CPU per relayed request and collapsed under concurrency, aiohttp about 1 ms.
+
 Failure rule: whichever half fails first, the other half is aborted through SGLang's /abort_request right away,
 so no KV slot waits out SGLang's own (300 s by default) timeouts. Before the answer is handed to the client, a
 failure raises HalfFailed (the caller may retry on a new pair); after, the stream ends with an SSE error event.
@@ -15,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi.responses import Response, StreamingResponse
 
 from pdcluster.http import error_body
@@ -43,10 +46,14 @@ class HalfFailed(Exception):
                         media_type="application/json")
 
 
+# What a broken, refused or stalled connection raises (aiohttp's timeouts subclass TimeoutError).
+TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+
 def _transport_failure(worker: Worker, exc: Exception) -> HalfFailed:
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, TimeoutError):
         return HalfFailed(worker, 504, f"{worker.role.value} {worker.url} timed out ({type(exc).__name__})",
-                          retryable=isinstance(exc, httpx.ConnectTimeout), transport=True)
+                          retryable=isinstance(exc, aiohttp.ConnectionTimeoutError), transport=True)
     return HalfFailed(worker, 502, f"{worker.role.value} {worker.url} failed: {type(exc).__name__}: {exc}".rstrip(": "),
                       retryable=True, transport=True)
 
@@ -72,7 +79,7 @@ class Exchange:
 
 
 class Dispatcher:
-    def __init__(self, client: httpx.AsyncClient, metrics: RouterMetrics, background: set[asyncio.Task],
+    def __init__(self, client: aiohttp.ClientSession, metrics: RouterMetrics, background: set[asyncio.Task],
                  first_byte_timeout: float, on_failure):
         self.client, self.metrics, self._background = client, metrics, background
         self.first_byte_timeout = first_byte_timeout
@@ -87,21 +94,26 @@ class Dispatcher:
         for rid in rids:
             self.metrics.aborts.labels(worker.role.value).inc()
             try:
-                await self.client.post(f"{worker.url}/abort_request", json={"rid": rid}, timeout=5.0)
+                async with self.client.post(f"{worker.url}/abort_request", json={"rid": rid},
+                                            timeout=aiohttp.ClientTimeout(total=5.0)) as response:
+                    await response.read()
                 log.info("abort sent", extra={"rid": rid, "role": worker.role.value, "worker": worker.url})
-            except httpx.HTTPError as exc:
+            except TRANSPORT_ERRORS as exc:
                 log.warning("abort failed", extra={"rid": rid, "worker": worker.url, "error": repr(exc)})
 
     async def _prefill_half(self, ex: Exchange, body: bytes) -> bytes:
         worker = ex.prefill
         try:
-            async with self.client.stream("POST", f"{worker.url}{ex.route}", content=body, headers=ex.headers) as r:
-                payload = await r.aread()
-        except httpx.HTTPError as exc:
+            async with self.client.post(f"{worker.url}{ex.route}", data=body, headers=ex.headers) as r:
+                payload = await r.read()
+        except TRANSPORT_ERRORS as exc:
             raise _transport_failure(worker, exc) from None
-        if r.status_code >= 400:
-            raise _status_failure(worker, r.status_code, payload)
+        if r.status >= 400:
+            raise _status_failure(worker, r.status, payload)
         return payload
+
+    async def _open_decode(self, ex: Exchange, body: bytes) -> aiohttp.ClientResponse:
+        return await self.client.post(f"{ex.decode.url}{ex.route}", data=body, headers=ex.headers)
 
     async def _race(self, ex: Exchange, prefill_task: asyncio.Task, work: asyncio.Task, what: str):
         """Await `work` on the decode, unless the prefill fails first; either way the other half is aborted."""
@@ -118,7 +130,7 @@ class Dispatcher:
             raise prefill_task.exception()
         try:
             return await work
-        except httpx.HTTPError as exc:
+        except TRANSPORT_ERRORS as exc:
             self.spawn(self.abort(ex.prefill, ex.rids))
             raise _transport_failure(ex.decode, exc) from None
 
@@ -128,30 +140,28 @@ class Dispatcher:
         ex.prefill.in_flight += 1
         ex.decode.in_flight += 1
         prefill_task = asyncio.create_task(self._prefill_half(ex, raw))
-        request = self.client.build_request("POST", f"{ex.decode.url}{ex.route}", content=raw, headers=ex.headers)
         handed_over = False
         try:
-            response = await self._race(ex, prefill_task, asyncio.create_task(self.client.send(request, stream=True)),
-                                        "headers")
-            if response.status_code >= 400:
-                payload = await response.aread()
-                await response.aclose()
+            response = await self._race(ex, prefill_task, asyncio.create_task(self._open_decode(ex, raw)), "headers")
+            if response.status >= 400:
+                payload = await response.read()
+                response.release()
                 self.spawn(self.abort(ex.prefill, ex.rids))
-                raise _status_failure(ex.decode, response.status_code, payload)
-            passthrough = {k: v for k, v in response.headers.items() if k.lower() == "content-type"}
+                raise _status_failure(ex.decode, response.status, payload)
+            passthrough = {k: response.headers[k] for k in ("content-type", "content-encoding") if k in response.headers}
             if ex.stream:
                 handed_over = True
-                return StreamingResponse(self._relay(ex, response, prefill_task), status_code=response.status_code,
+                return StreamingResponse(self._relay(ex, response, prefill_task), status_code=response.status,
                                          headers=passthrough)
             try:
-                payload = await self._race(ex, prefill_task, asyncio.create_task(response.aread()), "answer")
+                payload = await self._race(ex, prefill_task, asyncio.create_task(response.read()), "answer")
             finally:
-                await response.aclose()
+                response.release()
             if ex.merge_logprobs:
                 prefill_payload = await asyncio.wait_for(asyncio.shield(prefill_task), 30)
                 merged = logprobs.merge(json.loads(payload), logprobs.prefill_answer(prefill_payload))
                 payload = json.dumps(merged).encode()
-            return Response(payload, status_code=response.status_code, headers=passthrough)
+            return Response(payload, status_code=response.status, headers=passthrough)
         except asyncio.CancelledError:
             # The client went away before the answer started: free both halves.
             self.spawn(self.abort(ex.prefill, ex.rids))
@@ -167,7 +177,7 @@ class Dispatcher:
         # The prefill's own answer may trail the decode's by a moment: let it finish rather than cut it off.
         self.spawn(_reap(prefill_task))
 
-    async def _relay(self, ex: Exchange, response: httpx.Response, prefill_task: asyncio.Task) -> AsyncIterator[bytes]:
+    async def _relay(self, ex: Exchange, response: aiohttp.ClientResponse, prefill_task: asyncio.Task) -> AsyncIterator[bytes]:
         """Pass the decode's SSE stream through chunk by chunk; end it with an error event if either half fails."""
         prefill_failure: list[HalfFailed] = []
 
@@ -175,11 +185,11 @@ class Dispatcher:
             if not task.cancelled() and isinstance(task.exception(), HalfFailed):
                 prefill_failure.append(task.exception())
                 self.spawn(self.abort(ex.decode, ex.rids))
-                self.spawn(response.aclose())  # wakes the relay loop below at once
+                response.close()  # wakes the relay loop below at once
 
         prefill_task.add_done_callback(on_prefill_done)
         completed, first = False, True
-        chunks = response.aiter_raw() if not ex.merge_logprobs else _sse_events(response)
+        chunks = response.content.iter_any() if not ex.merge_logprobs else _sse_events(response)
         try:
             try:
                 async for chunk in chunks:
@@ -191,7 +201,7 @@ class Dispatcher:
                         first = False
                     yield chunk
                 completed = not prefill_failure
-            except (httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: stream closed under us by the callback
+            except TRANSPORT_ERRORS as exc:
                 if not prefill_failure:
                     self.spawn(self.abort(ex.prefill, ex.rids))
                     failure = _transport_failure(ex.decode, exc)
@@ -209,7 +219,7 @@ class Dispatcher:
             raise
         finally:
             prefill_task.remove_done_callback(on_prefill_done)
-            self.spawn(response.aclose())
+            response.close()
             self._release(ex, prefill_task)
             self.metrics.latency.labels(ex.route).observe(time.monotonic() - ex.started)
 
@@ -218,10 +228,10 @@ class Dispatcher:
         return f"data: {json.dumps(error_body(failure.status, failure.message))}\n\n".encode()
 
 
-async def _sse_events(response: httpx.Response) -> AsyncIterator[bytes]:
+async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     """Whole SSE events (needed only when the first event must be rewritten)."""
     buffer = b""
-    async for chunk in response.aiter_raw():
+    async for chunk in response.content.iter_any():
         buffer += chunk
         while b"\n\n" in buffer:
             event, buffer = buffer.split(b"\n\n", 1)
