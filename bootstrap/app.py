@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
@@ -21,14 +22,17 @@ from pdcluster.protocol import Heartbeat, Role, WorkerListing, WorkerRegistratio
 MAX_WAIT_SECONDS = 30.0
 
 
-def create_app(config: BootstrapConfig) -> FastAPI:
+def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lambda: False) -> FastAPI:
     registry = Registry(config.ttl_seconds)
     token = config.resolved_token()
 
     async def reap() -> None:
         while True:
             await asyncio.sleep(min(0.5, config.ttl_seconds / 4))
-            await registry.expire()
+            # Once shutdown starts, heartbeats can no longer reach us: expiring now would tell long-polling routers
+            # that live workers died (and they would drop them) just before this service goes away.
+            if not shutting_down():
+                await registry.expire()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
