@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
-
-from collections.abc import Callable
 
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
 from router.breaker import CircuitBreaker
