@@ -52,6 +52,8 @@ class RouterConfig(BaseModel):
     health_timeout: float = Field(default=25.0, gt=0)
     # Consecutive failed health checks before a worker is ejected; one success readmits it.
     unhealthy_threshold: int = Field(default=2, ge=1)
+    # Router processes sharing the port (SO_REUSEPORT), one core each at most: see router/processes.py.
+    workers: int = Field(default=1, ge=1, le=64)
     log_level: str = "warning"
     # json: one JSON object per line (for log pipelines); text: human-readable lines.
     log_format: Literal["json", "text"] = "json"

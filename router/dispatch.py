@@ -1,7 +1,6 @@
 """The PD dispatcher: send one request to a prefill and a decode at once, answer with the decode's response.
 
-The data plane uses aiohttp's client: measured on this router (bench/results/relay_experiment.json), httpx's
-connection pool cost 5-15 ms of CPU per relayed request and collapsed under concurrency, aiohttp about 1 ms.
+Both halves go through router/upstream.py, the data plane's own lean HTTP client (why: see that module).
 
 Failure rule: whichever half fails first, the other half is aborted through SGLang's /abort_request right away,
 so no KV slot waits out SGLang's own (300 s by default) timeouts. Before the answer is handed to the client, a
@@ -18,15 +17,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-from fastapi.responses import Response, StreamingResponse
+import orjson
 
 from pdcluster.http import error_body
 from router import logprobs
+from router.edge import Answer, StreamAnswer, json_answer
 from router.metrics import RouterMetrics
+from router.upstream import ConnectFailed, UpstreamClient, UpstreamError, UpstreamResponse
 from router.workers import Worker
 
 log = logging.getLogger("pdcluster.router")
+
+
+_JSON = {"content-type": "application/json"}
+_PREFILL_GRACE = 30.0  # seconds a prefill's answer may trail the decode's before it is cut off
 
 
 class HalfFailed(Exception):
@@ -38,30 +42,49 @@ class HalfFailed(Exception):
         self.worker, self.status, self.message, self.body, self.retryable = worker, status, message, body, retryable
         self.transport = transport  # the worker could not be reached or dropped the connection
 
-    def response(self) -> Response:
+    def answer(self) -> Answer:
         if self.body is not None and 400 <= self.status < 500:
             # A worker's own 4xx (e.g. prompt longer than the context) is the client's problem: pass it on as is.
-            return Response(self.body, status_code=self.status, media_type="application/json")
-        return Response(json.dumps(error_body(self.status, self.message)), status_code=self.status,
-                        media_type="application/json")
+            return Answer(self.status, self.body)
+        return json_answer(self.status, error_body(self.status, self.message))
 
 
-# What a broken, refused or stalled connection raises (aiohttp's timeouts subclass TimeoutError).
-TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+# What a refused, broken or stalled connection raises (a stall: ReadTimeout, which is also a TimeoutError).
+TRANSPORT_ERRORS = (UpstreamError, TimeoutError)
 
 
 def _transport_failure(worker: Worker, exc: Exception) -> HalfFailed:
+    what = f"{worker.role.value} {worker.url}"
+    if isinstance(exc, ConnectFailed):  # the worker never saw the request: another pair may take it
+        return HalfFailed(worker, 502, f"{what} unreachable: {exc}", retryable=True, transport=True)
     if isinstance(exc, TimeoutError):
-        return HalfFailed(worker, 504, f"{worker.role.value} {worker.url} timed out ({type(exc).__name__})",
-                          retryable=isinstance(exc, aiohttp.ConnectionTimeoutError), transport=True)
-    return HalfFailed(worker, 502, f"{worker.role.value} {worker.url} failed: {type(exc).__name__}: {exc}".rstrip(": "),
-                      retryable=True, transport=True)
+        return HalfFailed(worker, 504, f"{what} timed out: {exc}", transport=True)
+    return HalfFailed(worker, 502, f"{what} failed: {type(exc).__name__}: {exc}", retryable=True, transport=True)
 
 
 def _status_failure(worker: Worker, status: int, payload: bytes) -> HalfFailed:
     retryable = status >= 500 or status == 429
     return HalfFailed(worker, status if status < 500 else 502, f"{worker.role.value} {worker.url} answered {status}",
                       payload, retryable)
+
+
+class _PrefillWatch:
+    """Fails the decode's response the moment the prefill half fails: with no prefill, no KV will ever arrive."""
+
+    def __init__(self) -> None:
+        self.response: UpstreamResponse | None = None
+        self.failure: HalfFailed | None = None
+
+    def on_sent(self, response: UpstreamResponse) -> None:
+        self.response = response
+        if self.failure is not None:
+            response.interrupt(self.failure)
+
+    def on_prefill_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and isinstance(task.exception(), HalfFailed):
+            self.failure = task.exception()
+            if self.response is not None:
+                self.response.interrupt(self.failure)
 
 
 @dataclass
@@ -79,7 +102,7 @@ class Exchange:
 
 
 class Dispatcher:
-    def __init__(self, client: aiohttp.ClientSession, metrics: RouterMetrics, background: set[asyncio.Task],
+    def __init__(self, client: UpstreamClient, metrics: RouterMetrics, background: set[asyncio.Task],
                  first_byte_timeout: float, on_failure):
         self.client, self.metrics, self._background = client, metrics, background
         self.first_byte_timeout = first_byte_timeout
@@ -94,8 +117,9 @@ class Dispatcher:
         for rid in rids:
             self.metrics.aborts.labels(worker.role.value).inc()
             try:
-                async with self.client.post(f"{worker.url}/abort_request", json={"rid": rid},
-                                            timeout=aiohttp.ClientTimeout(total=5.0)) as response:
+                async with asyncio.timeout(5.0):
+                    response = await self.client.request("POST", worker.url, "/abort_request",
+                                                         orjson.dumps({"rid": rid}), _JSON)
                     await response.read()
                 log.info("abort sent", extra={"rid": rid, "role": worker.role.value, "worker": worker.url})
             except TRANSPORT_ERRORS as exc:
@@ -103,65 +127,71 @@ class Dispatcher:
 
     async def _prefill_half(self, ex: Exchange, body: bytes) -> bytes:
         worker = ex.prefill
+        r = None
         try:
-            async with self.client.post(f"{worker.url}{ex.route}", data=body, headers=ex.headers) as r:
-                payload = await r.read()
+            r = await self.client.request("POST", worker.url, ex.route, body, ex.headers)
+            payload = await r.read()
         except TRANSPORT_ERRORS as exc:
             raise _transport_failure(worker, exc) from None
+        finally:
+            if r is not None:
+                r.close()
         if r.status >= 400:
             raise _status_failure(worker, r.status, payload)
         return payload
 
-    async def _open_decode(self, ex: Exchange, body: bytes) -> aiohttp.ClientResponse:
-        return await self.client.post(f"{ex.decode.url}{ex.route}", data=body, headers=ex.headers)
-
-    async def _race(self, ex: Exchange, prefill_task: asyncio.Task, work: asyncio.Task, what: str):
-        """Await `work` on the decode, unless the prefill fails first; either way the other half is aborted."""
-        done, _ = await asyncio.wait({prefill_task, work}, return_when=asyncio.FIRST_COMPLETED,
-                                     timeout=self.first_byte_timeout if what == "headers" else None)
-        if not done:
-            work.cancel()
-            self.spawn(self.abort(ex.decode, ex.rids))
-            self.spawn(self.abort(ex.prefill, ex.rids))
-            raise HalfFailed(ex.decode, 504, f"decode {ex.decode.url} sent no {what} in {self.first_byte_timeout}s")
-        if work not in done and prefill_task.exception() is not None:
-            work.cancel()
-            self.spawn(self.abort(ex.decode, ex.rids))
-            raise prefill_task.exception()
-        try:
-            return await work
-        except TRANSPORT_ERRORS as exc:
-            self.spawn(self.abort(ex.prefill, ex.rids))
-            raise _transport_failure(ex.decode, exc) from None
-
-    async def forward(self, ex: Exchange, body: dict[str, Any]) -> Response:
-        raw = json.dumps(body).encode()
-        ex.headers = {**ex.headers, "content-type": "application/json"}
+    async def forward(self, ex: Exchange, body: dict[str, Any]) -> Answer | StreamAnswer:
+        raw = orjson.dumps(body)
+        ex.headers["content-type"] = "application/json"
         ex.prefill.in_flight += 1
         ex.decode.in_flight += 1
         prefill_task = asyncio.create_task(self._prefill_half(ex, raw))
+        watch = _PrefillWatch()
+        prefill_task.add_done_callback(watch.on_prefill_done)
         handed_over = False
         try:
-            response = await self._race(ex, prefill_task, asyncio.create_task(self._open_decode(ex, raw)), "headers")
+            try:
+                response = await self.client.request("POST", ex.decode.url, ex.route, raw, ex.headers,
+                                                     self.first_byte_timeout, watch.on_sent)
+            except HalfFailed:  # the prefill failed first (interrupt): no KV will ever come
+                self.spawn(self.abort(ex.decode, ex.rids))
+                raise
+            except TimeoutError:
+                self.spawn(self.abort(ex.decode, ex.rids))
+                self.spawn(self.abort(ex.prefill, ex.rids))
+                raise HalfFailed(ex.decode, 504, f"decode {ex.decode.url} sent no headers in "
+                                                 f"{self.first_byte_timeout}s") from None
+            except TRANSPORT_ERRORS as exc:
+                self.spawn(self.abort(ex.prefill, ex.rids))
+                raise _transport_failure(ex.decode, exc) from None
             if response.status >= 400:
-                payload = await response.read()
-                response.release()
+                try:
+                    payload = await response.read()
+                except (*TRANSPORT_ERRORS, HalfFailed):
+                    payload = b""
+                finally:
+                    response.close()
                 self.spawn(self.abort(ex.prefill, ex.rids))
                 raise _status_failure(ex.decode, response.status, payload)
             passthrough = {k: response.headers[k] for k in ("content-type", "content-encoding") if k in response.headers}
             if ex.stream:
                 handed_over = True
-                return StreamingResponse(self._relay(ex, response, prefill_task), status_code=response.status,
-                                         headers=passthrough)
+                return StreamAnswer(response.status, self._relay(ex, response, prefill_task), passthrough)
             try:
-                payload = await self._race(ex, prefill_task, asyncio.create_task(response.read()), "answer")
+                payload = await response.read()
+            except HalfFailed:
+                self.spawn(self.abort(ex.decode, ex.rids))
+                raise
+            except TRANSPORT_ERRORS as exc:
+                self.spawn(self.abort(ex.prefill, ex.rids))
+                raise _transport_failure(ex.decode, exc) from None
             finally:
-                response.release()
+                response.close()
             if ex.merge_logprobs:
                 prefill_payload = await asyncio.wait_for(asyncio.shield(prefill_task), 30)
                 merged = logprobs.merge(json.loads(payload), logprobs.prefill_answer(prefill_payload))
-                payload = json.dumps(merged).encode()
-            return Response(payload, status_code=response.status, headers=passthrough)
+                payload = orjson.dumps(merged)
+            return Answer(response.status, payload, passthrough)
         except asyncio.CancelledError:
             # The client went away before the answer started: free both halves.
             self.spawn(self.abort(ex.prefill, ex.rids))
@@ -174,22 +204,20 @@ class Dispatcher:
     def _release(self, ex: Exchange, prefill_task: asyncio.Task) -> None:
         ex.prefill.in_flight -= 1
         ex.decode.in_flight -= 1
-        # The prefill's own answer may trail the decode's by a moment: let it finish rather than cut it off.
-        self.spawn(_reap(prefill_task))
+        if not prefill_task.done():
+            # The prefill's own answer may trail the decode's by a moment: let it finish, within reason.
+            self._background.add(prefill_task)
+            cutoff = asyncio.get_running_loop().call_later(_PREFILL_GRACE, prefill_task.cancel)
 
-    async def _relay(self, ex: Exchange, response: aiohttp.ClientResponse, prefill_task: asyncio.Task) -> AsyncIterator[bytes]:
+            def finished(task: asyncio.Task) -> None:
+                cutoff.cancel()
+                self._background.discard(task)
+            prefill_task.add_done_callback(finished)
+
+    async def _relay(self, ex: Exchange, response: UpstreamResponse, prefill_task: asyncio.Task) -> AsyncIterator[bytes]:
         """Pass the decode's SSE stream through chunk by chunk; end it with an error event if either half fails."""
-        prefill_failure: list[HalfFailed] = []
-
-        def on_prefill_done(task: asyncio.Task) -> None:
-            if not task.cancelled() and isinstance(task.exception(), HalfFailed):
-                prefill_failure.append(task.exception())
-                self.spawn(self.abort(ex.decode, ex.rids))
-                response.close()  # wakes the relay loop below at once
-
-        prefill_task.add_done_callback(on_prefill_done)
         completed, first = False, True
-        chunks = response.content.iter_any() if not ex.merge_logprobs else _sse_events(response)
+        chunks = response.iter_chunks() if not ex.merge_logprobs else _sse_events(response)
         try:
             try:
                 async for chunk in chunks:
@@ -200,50 +228,40 @@ class Dispatcher:
                             chunk = logprobs.merge_first_event(chunk, prefill)
                         first = False
                     yield chunk
-                completed = not prefill_failure
+                completed = True
+            except HalfFailed as failure:  # the prefill failed mid-stream (interrupt)
+                self.spawn(self.abort(ex.decode, ex.rids))
+                yield self._stream_failed(ex, failure)
             except TRANSPORT_ERRORS as exc:
-                if not prefill_failure:
-                    self.spawn(self.abort(ex.prefill, ex.rids))
-                    failure = _transport_failure(ex.decode, exc)
-                    self.on_failure(failure)
-                    log.warning("stream broke", extra={"rids": ex.rids, "error": failure.message})
-                    yield self._error_event(ex, failure)
-            if prefill_failure:
-                self.on_failure(prefill_failure[0])
-                log.warning("stream broke", extra={"rids": ex.rids, "error": prefill_failure[0].message})
-                yield self._error_event(ex, prefill_failure[0])
+                self.spawn(self.abort(ex.prefill, ex.rids))
+                yield self._stream_failed(ex, _transport_failure(ex.decode, exc))
         except (asyncio.CancelledError, GeneratorExit):
             if not completed:  # the client disconnected mid-stream
                 self.spawn(self.abort(ex.prefill, ex.rids))
                 self.spawn(self.abort(ex.decode, ex.rids))
             raise
         finally:
-            prefill_task.remove_done_callback(on_prefill_done)
             response.close()
             self._release(ex, prefill_task)
             self.metrics.latency.labels(ex.route).observe(time.monotonic() - ex.started)
+
+    def _stream_failed(self, ex: Exchange, failure: HalfFailed) -> bytes:
+        self.on_failure(failure)
+        log.warning("stream broke", extra={"rids": ex.rids, "error": failure.message})
+        return self._error_event(ex, failure)
 
     def _error_event(self, ex: Exchange, failure: HalfFailed) -> bytes:
         self.metrics.stream_errors.labels(ex.route).inc()
         return f"data: {json.dumps(error_body(failure.status, failure.message))}\n\n".encode()
 
 
-async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+async def _sse_events(response: UpstreamResponse) -> AsyncIterator[bytes]:
     """Whole SSE events (needed only when the first event must be rewritten)."""
     buffer = b""
-    async for chunk in response.content.iter_any():
+    async for chunk in response.iter_chunks():
         buffer += chunk
         while b"\n\n" in buffer:
             event, buffer = buffer.split(b"\n\n", 1)
             yield event + b"\n\n"
     if buffer:
         yield buffer
-
-
-async def _reap(task: asyncio.Task, timeout: float = 30.0) -> None:
-    try:
-        await asyncio.wait_for(asyncio.shield(task), timeout)
-    except asyncio.TimeoutError:
-        task.cancel()
-    except (HalfFailed, asyncio.CancelledError):
-        pass

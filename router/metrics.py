@@ -1,16 +1,34 @@
-"""The router's Prometheus metrics. One registry per app, so several routers in one process (tests) don't mix."""
+"""The router's Prometheus metrics. One registry per app, so several routers in one process (tests) don't mix.
+
+With several router processes (router/processes.py sets PROMETHEUS_MULTIPROC_DIR), counters and histograms are
+summed over the processes by prometheus_client, and the per-worker gauges are sampled into multiprocess gauges.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from router.workers import WorkerPool
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+_GAUGES = [  # name, help, how processes combine
+    ("pdcluster_router_worker_in_flight", "Requests in flight per worker", "livesum"),
+    ("pdcluster_router_worker_healthy", "1 if the worker gets traffic", "livemin"),
+    ("pdcluster_router_breaker_state", "0 closed, 1 half-open, 2 open", "livemax"),
+]
+
+
+def _pool_values(pool: WorkerPool) -> Iterator[tuple[list[str], tuple[int, int, int]]]:
+    for w in list(pool.workers.values()):
+        yield [w.url, w.role.value], (w.in_flight, 1 if w.healthy else 0, int(w.breaker.state))
 
 
 class _PoolCollector(Collector):
@@ -20,16 +38,11 @@ class _PoolCollector(Collector):
         self.pool = pool
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["worker", "role"]
-        in_flight = GaugeMetricFamily("pdcluster_router_worker_in_flight", "Requests in flight per worker", labels=labels)
-        healthy = GaugeMetricFamily("pdcluster_router_worker_healthy", "1 if the worker gets traffic", labels=labels)
-        breaker = GaugeMetricFamily("pdcluster_router_breaker_state", "0 closed, 1 half-open, 2 open", labels=labels)
-        for w in list(self.pool.workers.values()):
-            key = [w.url, w.role.value]
-            in_flight.add_metric(key, w.in_flight)
-            healthy.add_metric(key, 1 if w.healthy else 0)
-            breaker.add_metric(key, int(w.breaker.state))
-        yield from (in_flight, healthy, breaker)
+        families = [GaugeMetricFamily(name, doc, labels=["worker", "role"]) for name, doc, _ in _GAUGES]
+        for key, values in _pool_values(self.pool):
+            for family, value in zip(families, values):
+                family.add_metric(key, value)
+        yield from families
 
 
 class RouterMetrics:
@@ -49,7 +62,31 @@ class RouterMetrics:
                               registry=self.registry)
         self.ejections = Counter("pdcluster_router_worker_ejections", "Workers taken out of rotation", ["role"],
                                  registry=self.registry)
-        self.registry.register(_PoolCollector(pool))
+        self.pool = pool
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        if self.multiprocess:
+            self._gauges = [Gauge(name, doc, ["worker", "role"], multiprocess_mode=mode, registry=self.registry)
+                            for name, doc, mode in _GAUGES]
+            self._sampled: set[tuple[str, str]] = set()
+        else:
+            self.registry.register(_PoolCollector(pool))
+
+    def sample_pool(self) -> None:
+        """Multiprocess mode: write this process's view of its workers where the other processes can read it."""
+        seen = set()
+        for key, values in _pool_values(self.pool):
+            seen.add(tuple(key))
+            for gauge, value in zip(self._gauges, values):
+                gauge.labels(*key).set(value)
+        for gone in self._sampled - seen:  # a worker that left the pool: not in flight, not healthy
+            for gauge in self._gauges:
+                gauge.labels(*gone).set(0)
+        self._sampled = seen
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        self.sample_pool()
+        summed = CollectorRegistry()
+        MultiProcessCollector(summed)
+        return generate_latest(summed)

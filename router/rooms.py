@@ -3,17 +3,19 @@ that both halves key their transfer state by, plus a request id that lets the ro
 
 from __future__ import annotations
 
-import secrets
-import uuid
+import random
 from typing import Any
 
 from router.workers import Worker
 
 _ROOM_BITS = 63  # SGLang keys transfers by a non-negative 63-bit room
+# Rooms and request ids must be unique, not secret (SGLang's own router draws rooms from `random` too); seeded
+# from os.urandom per process, without a system call per request as `secrets` and uuid4 make.
+_rng = random.Random()
 
 
 def new_room() -> int:
-    return secrets.randbits(_ROOM_BITS)
+    return _rng.getrandbits(_ROOM_BITS)
 
 
 def inject_pd_fields(body: dict[str, Any], prefill: Worker, batch_size: int | None, request_id: str) -> list[str]:
@@ -35,4 +37,4 @@ def inject_pd_fields(body: dict[str, Any], prefill: Worker, batch_size: int | No
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    return f"{_rng.getrandbits(128):032x}"

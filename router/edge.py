@@ -1,0 +1,150 @@
+"""The router's HTTP edge: the PD routes as bare ASGI, every other route through FastAPI.
+
+Why the PD routes skip the framework: FastAPI/Starlette cost ~0.07 ms of CPU per plain request and ~0.25 ms per
+streamed one (bench/results/asgi_overhead.json), as much as the rest of the router's work on a request. Here a
+route is a function from an EdgeRequest to an Answer or a StreamAnswer; uvicorn still parses HTTP.
+
+A client that disconnects is noticed at once (uvicorn's receive() returns http.disconnect): the task serving it
+is cancelled, which is what makes the dispatcher abort both halves of its PD pair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from pdcluster.http import ApiError, error_body
+
+
+@dataclass
+class Answer:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
+
+
+@dataclass
+class StreamAnswer:
+    status: int
+    chunks: AsyncIterator[bytes]
+    headers: dict[str, str] = field(default_factory=lambda: {"content-type": "text/event-stream"})
+
+
+def json_answer(status: int, payload: Any) -> Answer:
+    return Answer(status, orjson.dumps(payload))
+
+
+def error_answer(status: int, message: str, param: str | None = None) -> Answer:
+    answer = json_answer(status, error_body(status, message, param))
+    if status == 401:
+        answer.headers["www-authenticate"] = "Bearer"
+    return answer
+
+
+class EdgeRequest:
+    """What a PD route sees of a request: lower-cased headers and a size-limited body.
+
+    Once the body is read, the request watches for the client's disconnect and calls `on_disconnect` if it comes
+    before the answer is finished."""
+
+    def __init__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict]],
+                 on_disconnect: Callable[[], None] = lambda: None):
+        self.headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        self._receive, self._on_disconnect = receive, on_disconnect
+        self.finished = False
+        self.watch: asyncio.Future | None = None
+
+    async def body(self, limit: int) -> bytes:
+        """The whole body; 413 for anything over `limit` bytes, without buffering more than that."""
+        declared = self.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
+        chunks, size, more = [], 0, True
+        while more:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone  # left mid-upload: no worker has seen the request, nobody to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        # After the body, uvicorn's receive() returns only when the client disconnects or the answer is complete.
+        self.watch = asyncio.ensure_future(self._receive())
+        self.watch.add_done_callback(self._watched)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _watched(self, watch: asyncio.Future) -> None:
+        if not watch.cancelled() and not self.finished:
+            self._on_disconnect()
+
+    def finish(self) -> None:
+        self.finished = True
+        if self.watch is not None and not self.watch.done():
+            self.watch.cancel()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body was complete."""
+
+
+Route = Callable[[EdgeRequest], Awaitable[Answer | StreamAnswer]]
+
+
+class Edge:
+    """The ASGI app uvicorn runs: `routes` (POST path -> Route) served here, the rest (and lifespan) by `app`."""
+
+    def __init__(self, app: Callable, routes: dict[str, Route]):
+        self.app, self.routes = app, routes
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
+            await self.app(scope, receive, send)
+        else:
+            await self._serve(route, scope, receive, send)
+
+    async def _serve(self, route: Route, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        task, gone = asyncio.current_task(), []
+
+        def on_disconnect() -> None:
+            gone.append(True)
+            task.cancel()
+
+        request = EdgeRequest(scope, receive, on_disconnect)
+        chunks: AsyncIterator[bytes] | None = None
+        try:
+            answer = await route(request)
+            await send({"type": "http.response.start", "status": answer.status, "headers": _headers(answer)})
+            if isinstance(answer, Answer):
+                await send({"type": "http.response.body", "body": answer.body})
+            else:
+                chunks = answer.chunks
+                async for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                chunks = None
+                await send({"type": "http.response.body", "body": b""})
+        except ClientGone:
+            pass
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()  # our own cancellation: the client is gone and the halves were aborted; nothing to send
+        finally:
+            request.finish()
+            if chunks is not None:  # cancelled between chunks: let the relay run its clean-up (the aborts)
+                with contextlib.suppress(Exception):
+                    await chunks.aclose()
+
+
+def _headers(answer: Answer | StreamAnswer) -> list[tuple[bytes, bytes]]:
+    headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in answer.headers.items()]
+    if isinstance(answer, Answer):
+        headers.append((b"content-length", str(len(answer.body)).encode()))
+    return headers

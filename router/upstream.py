@@ -1,0 +1,265 @@
+"""The data plane's HTTP/1.1 client to the workers: keep-alive connections, httptools' parser, asyncio transports.
+
+Why not a general-purpose client: every client request costs the router two upstream requests, and the client
+is most of the router's CPU. Measured against the same fake worker (bench/results/relay_experiment.json and
+bench/README.md): httpx 0.8-4.6 ms of CPU per request, aiohttp 0.12-0.19 ms, pyreqwest 0.06-0.12 ms, this 0.02-0.04.
+It does only what the router needs of SGLang's HTTP servers: a request with a bytes body, a response with a
+content-length, chunked or close-delimited body, read whole or as it arrives. No TLS, redirects, proxies or
+decompression (bytes are relayed as the worker sent them). The parser is httptools (llhttp, as uvicorn uses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import httptools
+
+_PAUSE_ABOVE = 1 << 20  # bytes buffered for a slow reader before the worker's connection stops being read
+
+
+class UpstreamError(Exception):
+    """The worker could not be reached, or the exchange broke. Subclasses say how."""
+
+
+class ConnectFailed(UpstreamError):
+    """No connection could be made (refused, unreachable, or connect_timeout passed): the worker never saw it."""
+
+
+class ConnectionDropped(UpstreamError):
+    """The connection closed or sent garbage before the response was complete."""
+
+    def __init__(self, message: str, before_response: bool = False):
+        super().__init__(message)
+        self.before_response = before_response  # not one byte of a response: safe to resend on a new connection
+
+
+class ReadTimeout(UpstreamError, TimeoutError):
+    """No byte came for read_timeout seconds."""
+
+
+class UpstreamResponse:
+    """A response whose status and headers have arrived; its body is read with read() or iterated as it arrives."""
+
+    def __init__(self, conn: _Connection, read_timeout: float):
+        self._conn, self._read_timeout = conn, read_timeout
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._waiter: asyncio.Future | None = None
+        self._error: Exception | None = None
+        self.done = False  # the whole body has arrived
+
+    # Called by the connection.
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._buffered += len(chunk)
+        if self._buffered > _PAUSE_ABOVE:
+            self._conn.transport.pause_reading()
+        self._wake()
+
+    def _fail(self, error: Exception) -> None:
+        if not self.done and self._error is None:
+            self._error = error
+            self._wake()
+
+    def interrupt(self, error: Exception) -> None:
+        """Make whoever waits on this response (headers or body) raise `error` now, and drop the connection."""
+        if not self.done:
+            self._fail(error)
+            self._conn.transport.close()
+
+    async def _wait(self, timeout: float | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timeout = timeout or self._read_timeout
+        timer = loop.call_later(timeout, _time_out, waiter, timeout)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    async def wait_headers(self, timeout: float | None = None) -> None:
+        while not self.status and self._error is None:
+            await self._wait(timeout)
+        if not self.status:
+            raise self._error
+
+    def _take(self) -> list[bytes]:
+        chunks, self._chunks = self._chunks, []
+        if self._buffered > _PAUSE_ABOVE:
+            self._conn.transport.resume_reading()
+        self._buffered = 0
+        return chunks
+
+    async def iter_chunks(self):
+        """The body as it arrives. Raises UpstreamError if the exchange breaks or stalls for read_timeout."""
+        while True:
+            if self._chunks:
+                for chunk in self._take():
+                    yield chunk
+            elif self.done:
+                return
+            elif self._error is not None:
+                raise self._error
+            else:
+                await self._wait()
+
+    async def read(self) -> bytes:
+        while not self.done:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        return b"".join(self._take())
+
+    def close(self) -> None:
+        """Give the connection back if the body is complete; otherwise drop it (the only way to cancel a request)."""
+        if not self.done:
+            self._conn.transport.close()
+
+
+def _time_out(waiter: asyncio.Future, seconds: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(ReadTimeout(f"no data for {seconds}s"))
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, client: UpstreamClient, key: tuple[str, int]):
+        self.client, self.key = client, key
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.response: UpstreamResponse | None = None
+        self._header_name = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self.response is not None:
+                self.response._fail(ConnectionDropped(f"malformed response: {exc}"))
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._forget(self)
+        if self.response is not None:
+            before = not self.response.status and not self.response._chunks
+            self.response._fail(ConnectionDropped(f"connection closed: {exc or 'by the worker'}", before))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.response.status = self.parser.get_status_code()
+        self.response._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.response._feed(body)
+
+    def on_message_complete(self) -> None:
+        response, self.response = self.response, None
+        response.done = True
+        response._wake()
+        if self.parser.should_keep_alive() and not self.transport.is_closing():
+            self.client._release(self)
+        else:
+            self.transport.close()
+
+
+class UpstreamClient:
+    """Keep-alive connection pools keyed by worker address. One request per connection at a time (no pipelining)."""
+
+    def __init__(self, connect_timeout: float, read_timeout: float, max_idle_per_worker: int = 1024):
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self.max_idle = max_idle_per_worker
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+        self._addresses: dict[str, tuple[str, int, bytes]] = {}
+
+    def _address(self, base_url: str) -> tuple[str, int, bytes]:
+        address = self._addresses.get(base_url)
+        if address is None:
+            parts = urlsplit(base_url)
+            if parts.scheme != "http":
+                raise ValueError(f"{base_url}: the data plane speaks plain http:// to workers")
+            port = parts.port or 80
+            address = self._addresses[base_url] = (parts.hostname, port, f"{parts.hostname}:{port}".encode())
+        return address
+
+    async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
+                      headers: dict[str, str] | None = None, headers_timeout: float | None = None,
+                      on_sent: Callable[[UpstreamResponse], None] | None = None) -> UpstreamResponse:
+        """Send the request; return once the response's status and headers are in (ReadTimeout if they take
+        longer than `headers_timeout`, default read_timeout). `on_sent` gets the response as soon as the request is
+        written, so that another task can interrupt() the wait."""
+        host, port, host_header = self._address(base_url)
+        head = [f"{method} {path} HTTP/1.1\r\n".encode(), b"host: ", host_header,
+                b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
+        for name, value in (headers or {}).items():
+            head.append(f"{name}: {value}\r\n".encode("latin-1"))
+        message = b"".join(head) + b"\r\n" + body
+        idle = self._idle.get((host, port))
+        while idle:  # a kept-alive connection the worker may have closed meanwhile: resent on a new one if so
+            conn = idle.pop()
+            if conn.transport.is_closing():
+                continue
+            try:
+                return await self._exchange(conn, message, headers_timeout, on_sent)
+            except ConnectionDropped as exc:
+                if not exc.before_response:
+                    raise
+        return await self._exchange(await self._connect(host, port), message, headers_timeout, on_sent)
+
+    async def _connect(self, host: str, port: int) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(lambda: _Connection(self, (host, port)), host, port)
+        except TimeoutError:
+            raise ConnectFailed(f"connect to {host}:{port} timed out after {self.connect_timeout}s") from None
+        except OSError as exc:
+            raise ConnectFailed(f"connect to {host}:{port} failed: {exc.strerror or exc}") from None
+        self._open.add(conn)
+        return conn
+
+    async def _exchange(self, conn: _Connection, message: bytes, headers_timeout: float | None,
+                        on_sent: Callable[[UpstreamResponse], None] | None) -> UpstreamResponse:
+        conn.response = response = UpstreamResponse(conn, self.read_timeout)
+        conn.transport.write(message)
+        if on_sent is not None:
+            on_sent(response)
+        try:
+            await response.wait_headers(headers_timeout)
+        except BaseException:  # timed out, dropped or cancelled: this connection's state is unknown now
+            conn.transport.close()
+            raise
+        return response
+
+    def _release(self, conn: _Connection) -> None:
+        idle = self._idle.setdefault(conn.key, [])
+        if len(idle) < self.max_idle:
+            idle.append(conn)
+        else:
+            conn.transport.close()
+
+    def _forget(self, conn: _Connection) -> None:
+        self._open.discard(conn)
+        idle = self._idle.get(conn.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+
+    async def close(self) -> None:
+        for conn in list(self._open):
+            conn.transport.close()
+        self._idle.clear()
+        await asyncio.sleep(0)  # let the transports run connection_lost
