@@ -122,7 +122,7 @@ def start_fake(name: str, log_dir: Path, chunks: int) -> Proc:
 
 
 def start_ours(log_dir: Path, prefill: Proc, decode: Proc, log_level: str = "warning",
-               env: dict[str, str] | None = None) -> Proc:
+               env: dict[str, str] | None = None, workers: int = 1) -> Proc:
     port = free_port()
     config = log_dir / "router.yaml"
     config.write_text(
@@ -130,7 +130,7 @@ def start_ours(log_dir: Path, prefill: Proc, decode: Proc, log_level: str = "war
         f"host: {HOST}\nport: {port}\nbootstrap_url: null\n"
         f"prefill: [{{url: \"{prefill.url}\", bootstrap_port: {BOOTSTRAP_PORT}}}]\n"
         f"decode: [{{url: \"{decode.url}\"}}]\n"
-        f"prefill_policy: round_robin\ndecode_policy: round_robin\nlog_level: {log_level}\n")
+        f"prefill_policy: round_robin\ndecode_policy: round_robin\nlog_level: {log_level}\nworkers: {workers}\n")
     return start("router_ours", [sys.executable, "-m", "router", "--config", str(config)], log_dir, port, env)
 
 

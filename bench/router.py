@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", default=["plain", "stream"], choices=["plain", "stream"])
     parser.add_argument("--targets", nargs="+", default=list(report.TARGETS), choices=report.TARGETS)
     parser.add_argument("--chunks", type=int, default=16, help="SSE chunks per streamed answer (default 16)")
+    parser.add_argument("--router-workers", type=int, default=os.cpu_count(),
+                        help="our router's processes (default: one per core; SGLang's router runs its default runtime)")
     parser.add_argument("--router-log-level", default="warning", help="our router's log_level (default warning)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where router.json and router.png go")
     parser.add_argument("--quiet-wait", type=float, default=30,
@@ -137,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         for fake in (prefill, decode):
             procs.wait_ready(fake, lambda f=fake: procs.request(f.port, "GET", "/health")[0] == 200, 30)
         ports, startup = {"direct": decode.port}, {}
-        routers = {"ours": lambda: procs.start_ours(logs, prefill, decode, args.router_log_level),
+        routers = {"ours": lambda: procs.start_ours(logs, prefill, decode, args.router_log_level,
+                                                     workers=args.router_workers),
                    "sglang": lambda: procs.start_sglang(logs, prefill, decode)}
         launched = {name: routers[name]() for name in args.targets if name in routers}
         started += launched.values()
@@ -165,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "concurrency": args.concurrency,
                      "modes": args.modes, "chunks_per_stream": args.chunks, "path": "/generate",
                      "load_generator": "wrk -t1, closed loop, one request in flight per connection",
-                     "our_router_log_level": args.router_log_level},
+                     "our_router_log_level": args.router_log_level, "our_router_workers": args.router_workers,
+                     "sglang_router_threads": "its default"},
         "machine": machine, "startup_s": startup, "cells": cells, "derived": report.derive(cells),
     }
     args.out.mkdir(parents=True, exist_ok=True)

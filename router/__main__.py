@@ -17,22 +17,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--bootstrap-url")
+    parser.add_argument("--workers", type=int, help="router processes sharing the port")
     parser.add_argument("--dry-run", action="store_true", help="validate the config, print it, and exit")
     args = parser.parse_args(argv)
     config = load_model(RouterConfig, args.config,
-                        {"host": args.host, "port": args.port, "bootstrap_url": args.bootstrap_url}, prog="router")
+                        {"host": args.host, "port": args.port, "bootstrap_url": args.bootstrap_url,
+                                            "workers": args.workers}, prog="router")
     if args.dry_run:
         print(config.model_dump_json(indent=2))
         return 0
     setup_logging("router", config.log_level, json_lines=config.log_format == "json")
 
-    import uvicorn
+    from router.processes import run
 
-    from router.app import create_app
-
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
-                access_log=False, loop="uvloop", http="httptools")  # the fast pair: see bench/README.md
-    return 0
+    return run(config)
 
 
 if __name__ == "__main__":
