@@ -1,5 +1,6 @@
-"""`python -m bench.client_probe`: the HTTP client alone. CPU per request of httpx, httpx2 and aiohttp's
-ClientSession posting to a FAKE worker, at concurrency 1, 32 and 256, in one process (no server in the way).
+"""`python -m bench.client_probe`: the HTTP client alone. CPU per request of httpx, httpx2, aiohttp's
+ClientSession, pyreqwest and the router's own data-plane client (router/upstream.py, "upstream") posting to a FAKE
+worker, at concurrency 1, 32 and 256, in one process (no server in the way; process CPU includes any threads).
 
 For httpx and httpx2 it also counts how often the connection pool re-plans (`_assign_requests_to_connections`)
 per request, and how many connections the pool ended up with. Writes bench/results/client_probe.json.
@@ -50,6 +51,23 @@ async def probe(name: str, url: str, concurrency: int, n: int) -> dict:
         async def post():
             response = await client.post(url, content=BODY, headers=HEADERS)
             await response.aread()
+    elif name == "upstream":
+        from router.upstream import UpstreamClient
+
+        client = UpstreamClient(connect_timeout=5, read_timeout=600)
+        base, path = url.rsplit("/", 1)
+
+        async def post():
+            response = await client.request("POST", base, "/" + path, BODY, HEADERS)
+            await response.read()
+    elif name == "pyreqwest":
+        from pyreqwest.client import ClientBuilder
+
+        client = ClientBuilder().build()
+
+        async def post():
+            response = await client.post(url).body_bytes(BODY).header("content-type", "application/json").build().send()
+            await response.bytes()
     else:
         import aiohttp
 
@@ -72,6 +90,11 @@ async def probe(name: str, url: str, concurrency: int, n: int) -> dict:
     if name in ("httpx", "httpx2"):
         pool_size = len(client._transport._pool.connections)
         await client.aclose()
+    elif name == "upstream":
+        pool_size = sum(len(idle) for idle in client._idle.values())
+        await client.close()
+    elif name == "pyreqwest":
+        pass  # its pool is inside reqwest
     else:
         pool_size = sum(len(idle) for idle in client.connector._conns.values())  # all idle by now
         await client.close()
@@ -82,7 +105,7 @@ async def probe(name: str, url: str, concurrency: int, n: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.client_probe", description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", nargs="+", default=["httpx", "httpx2", "aiohttp"])
+    parser.add_argument("--clients", nargs="+", default=["httpx", "httpx2", "aiohttp", "pyreqwest", "upstream"])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--requests", type=int, default=3000, help="requests per cell")
     parser.add_argument("--out", type=Path, default=RESULTS / "client_probe.json")

@@ -2,7 +2,7 @@
 
 It does what router/dispatch.py does on the happy path (inject bootstrap_host/port/room and rid, POST the same
 body to a prefill and a decode at once, answer with the decode's body or relay its SSE stream chunk by chunk,
-let the prefill's answer finish in the background), with a choice of HTTP server and HTTP client, so their
+let the prefill's answer finish in the background), with a choice of HTTP server (FastAPI or bare ASGI on uvicorn, aiohttp's server) and HTTP client, so their
 costs can be compared with each other and with the real router. No validation, no failure handling.
 
     python -m bench.relay --server fastapi --client httpx --port P --prefill URL --decode URL
@@ -140,12 +140,93 @@ def aiohttp_app(client_factory, prefill: str, decode: str):
     return app
 
 
-CLIENTS = {"httpx": lambda: HttpxClient("httpx"), "httpx2": lambda: HttpxClient("httpx2"), "aiohttp": AiohttpClient}
+class PyreqwestClient:
+    def __init__(self) -> None:
+        from pyreqwest.client import ClientBuilder
+
+        self.client = ClientBuilder().build()
+
+    async def _drain(self, url: str, data: bytes) -> None:
+        response = await self.client.post(url).body_bytes(data).header("content-type", "application/json").build().send()
+        await response.bytes()
+
+    async def pd(self, prefill: str, decode: str, data: bytes, stream: bool):
+        _background(self._drain(prefill, data))
+        if not stream:
+            r = await self.client.post(decode).body_bytes(data).header("content-type", "application/json").build().send()
+            return r.status, r.headers.get("content-type", "application/json"), await r.bytes()
+        cm = self.client.post(decode).body_bytes(data).header("content-type", "application/json").build_streamed()
+        r = await cm.__aenter__()
+
+        async def chunks():
+            try:
+                while (chunk := await r.body_reader.read_chunk()) is not None:
+                    yield bytes(chunk)
+            finally:
+                await cm.__aexit__(None, None, None)
+        return r.status, r.headers.get("content-type", "application/json"), chunks()
+
+
+class UpstreamRelayClient:
+    """The router's own data-plane client (router/upstream.py), without the router around it."""
+
+    def __init__(self) -> None:
+        from router.upstream import UpstreamClient
+
+        self.client = UpstreamClient(connect_timeout=5, read_timeout=600)
+
+    async def _drain(self, url: str, data: bytes) -> None:
+        base, path = url.rsplit("/", 1)
+        await (await self.client.request("POST", base, "/" + path, data, {"content-type": "application/json"})).read()
+
+    async def pd(self, prefill: str, decode: str, data: bytes, stream: bool):
+        _background(self._drain(prefill, data))
+        base, path = decode.rsplit("/", 1)
+        response = await self.client.request("POST", base, "/" + path, data, {"content-type": "application/json"})
+        ctype = response.headers.get("content-type", "application/json")
+        if not stream:
+            return response.status, ctype, await response.read()
+        return response.status, ctype, response.iter_chunks()
+
+
+def asgi_app(client_factory, prefill: str, decode: str):
+    """A bare ASGI function: no framework between uvicorn and the relay."""
+    state = {}
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        if "client" not in state:
+            state["client"] = client_factory()
+        raw, more = b"", True
+        while more:
+            message = await receive()
+            raw += message.get("body", b"")
+            more = message.get("more_body", False)
+        stream = b'"stream": true' in raw or b'"stream":true' in raw
+        status, ctype, body = await state["client"].pd(prefill + "/generate", decode + "/generate",
+                                                       inject(raw, prefill), stream)
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", ctype.encode())]})
+        if not stream:
+            await send({"type": "http.response.body", "body": body})
+            return
+        async for chunk in body:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    return app
+
+
+CLIENTS = {"httpx": lambda: HttpxClient("httpx"), "httpx2": lambda: HttpxClient("httpx2"), "aiohttp": AiohttpClient,
+           "pyreqwest": PyreqwestClient, "upstream": UpstreamRelayClient}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.relay")
-    servers = ["fastapi", "fastapi-httptools", "fastapi-notelemetry", "fastapi-httptools-notelemetry", "aiohttp"]
+    servers = ["asgi-httptools", "fastapi", "fastapi-httptools", "fastapi-notelemetry", "fastapi-httptools-notelemetry", "aiohttp"]
     parser.add_argument("--server", choices=servers, required=True)
     parser.add_argument("--client", choices=sorted(CLIENTS), required=True)
     parser.add_argument("--port", type=int, required=True)
@@ -163,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     http = "httptools" if "httptools" in args.server else "h11"  # explicit: "auto" picks httptools when installed
-    app = fastapi_app(CLIENTS[args.client], args.prefill, args.decode, telemetry="notelemetry" not in args.server)
+    if args.server == "asgi-httptools":
+        app = asgi_app(CLIENTS[args.client], args.prefill, args.decode)
+    else:
+        app = fastapi_app(CLIENTS[args.client], args.prefill, args.decode, telemetry="notelemetry" not in args.server)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, http=http, loop="uvloop")
     return 0
 

@@ -2,8 +2,9 @@
 
 On the same FAKE workers and with the same wrk load as bench.router, it measures the real router next to minimal
 PD relays (bench/relay.py) that differ only in their HTTP server and client: FastAPI on uvicorn (h11 or
-httptools, FastAPI's built-in OpenTelemetry hooks on or off) or aiohttp's server, with httpx, httpx2 (pydantic's
-fork with a reworked connection pool) or aiohttp's ClientSession as the client. Writes bench/results/relay_experiment.json and prints a table.
+httptools, FastAPI's built-in OpenTelemetry hooks on or off), a bare ASGI function on uvicorn, or aiohttp's server,
+with httpx, httpx2 (pydantic's fork with a reworked connection pool), aiohttp's ClientSession, pyreqwest (Rust's
+reqwest) or the router's own client (router/upstream.py) as the client; and SGLang's Rust router ("sglang"). Writes bench/results/relay_experiment.json and prints a table.
 
 The httptools variants run when httptools is importable, or from a directory given with `--extra-path` (e.g.
 after `pip install --target /tmp/httptools httptools`; used only by the processes of those variants).
@@ -35,6 +36,10 @@ VARIANTS = {
     "fastapi-notelemetry+aiohttp": ("fastapi-notelemetry", "aiohttp"),
     "fastapi-httptools-notelemetry+aiohttp": ("fastapi-httptools-notelemetry", "aiohttp"),
     "aiohttp+aiohttp": ("aiohttp", "aiohttp"),
+    "asgi+aiohttp": ("asgi-httptools", "aiohttp"),
+    "asgi+pyreqwest": ("asgi-httptools", "pyreqwest"),
+    "asgi+upstream": ("asgi-httptools", "upstream"),
+    "sglang": ("sglang", None),
 }
 NEEDS_HTTPTOOLS = ("router+httptools", "fastapi-httptools+aiohttp", "fastapi-httptools-notelemetry+aiohttp")
 
@@ -42,6 +47,8 @@ NEEDS_HTTPTOOLS = ("router+httptools", "fastapi-httptools+aiohttp", "fastapi-htt
 def start_variant(name: str, logs: Path, prefill: procs.Proc, decode: procs.Proc, extra_path: str | None):
     server, client = VARIANTS[name]
     env = {"PYTHONPATH": f"{extra_path}:{procs.ROOT}"} if name in NEEDS_HTTPTOOLS and extra_path else None
+    if server == "sglang":
+        return procs.start_sglang(logs, prefill, decode)
     if server == "router":  # with env: the same router and config, only httptools importable (uvicorn picks it)
         return procs.start_ours(logs, prefill, decode, env=env)
     port = procs.free_port()

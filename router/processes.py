@@ -100,7 +100,7 @@ def _supervise(config: RouterConfig) -> int:
                 dead.join()
                 code = dead.exitcode or 0
                 status = code if code > 0 else (128 - code if code < 0 else 1)  # by signal N: 128+N
-                log.error("router process exited; stopping the others", extra={"process": dead.name,
+                log.error("router process exited; stopping the others", extra={"router_process": dead.name,
                                                                                 "exit_status": status})
                 break
     finally:

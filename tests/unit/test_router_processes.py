@@ -1,0 +1,91 @@
+"""`workers: 2`: two router processes on one port (python -m router, as users start it) over fake workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fakes import FakeWorker, ServerThread, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def router_processes(pid: int) -> list[int]:
+    """The router children (multiprocessing's resource tracker, if any, is not one)."""
+    return [c for c in children(pid) if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def requests_total(url: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "pdcluster_router_requests_total" and s.labels.get("status") == "200")
+
+
+def start_router(tmp_path: Path, prefill_url: str, decode_url: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    config = tmp_path / "router.yaml"
+    config.write_text(f"port: {port}\nbootstrap_url: null\nworkers: 2\nhealth_interval: 0.2\n"
+                      f"prefill: [{{url: '{prefill_url}', bootstrap_port: 8999}}]\ndecode: [{{url: '{decode_url}'}}]\n")
+    proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(config)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"router did not become ready: {proc.stderr.read().decode()[-2000:]}")
+
+
+def test_two_processes_serve_one_port_and_their_metrics_add_up(tmp_path):
+    prefill, decode = FakeWorker(), FakeWorker()
+    with ExitStack() as stack:
+        p, d = stack.enter_context(ServerThread(prefill.app())), stack.enter_context(ServerThread(decode.app()))
+        proc, url = start_router(tmp_path, p.url, d.url)
+        try:
+            assert len(router_processes(proc.pid)) == 2
+            for _ in range(20):  # a new connection each: the kernel spreads them over both processes
+                with httpx.Client() as client:
+                    assert client.post(f"{url}/generate", json={"text": "hi"}).status_code == 200
+            assert len(decode.received) == 20
+            # Whichever process answers the scrape, the count is the sum over both.
+            assert {requests_total(url) for _ in range(6)} == {20}
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        finally:
+            proc.kill()
+
+
+def test_a_dead_router_process_stops_the_router_with_an_error_status(tmp_path):
+    prefill, decode = FakeWorker(), FakeWorker()
+    with ExitStack() as stack:
+        p, d = stack.enter_context(ServerThread(prefill.app())), stack.enter_context(ServerThread(decode.app()))
+        proc, url = start_router(tmp_path, p.url, d.url)
+        try:
+            first, second = router_processes(proc.pid)
+            os.kill(first, signal.SIGKILL)
+            assert proc.wait(timeout=30) == 128 + signal.SIGKILL, proc.stderr.read().decode()[-3000:]
+            # The other process went with it: nothing is left holding the port.
+            assert not Path(f"/proc/{second}").exists() or b"zombie" in Path(f"/proc/{second}/status").read_bytes()
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(f"{url}/health", timeout=2)
+        finally:
+            proc.kill()

@@ -1,0 +1,158 @@
+"""The data plane's HTTP client (router/upstream.py) against scripted raw HTTP servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.upstream import ConnectFailed, ConnectionDropped, ReadTimeout, UpstreamClient
+
+
+class Scripted:
+    """A TCP server that answers each request with the next scripted action: bytes to send, 'close', or 'hang'."""
+
+    def __init__(self, *actions):
+        self.actions, self.requests, self.connections = list(actions), [], 0
+
+    async def __aenter__(self):
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc):
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                self.requests.append(head + await reader.readexactly(length))
+                action = self.actions.pop(0)
+                if action == "close":
+                    break
+                if action == "hang":
+                    await asyncio.sleep(3600)
+                for piece in action if isinstance(action, list) else [action]:
+                    if piece == "close":
+                        return
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def ok(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (
+        len(body), extra, body)
+
+
+def chunked(*chunks: bytes) -> list[bytes]:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    return [head, *(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks), b"0\r\n\r\n"]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_keep_alive_reuses_one_connection_and_sends_body_and_headers():
+    async def main():
+        async with Scripted(ok(b'{"a":1}'), ok(b'{"b":2}')) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=5)
+            first = await client.request("POST", server.url, "/generate", b'{"x":1}', {"x-request-id": "r1"})
+            assert (first.status, first.headers["content-type"], await first.read()) == (
+                200, "application/json", b'{"a":1}')
+            second = await client.request("POST", server.url, "/generate", b"{}")
+            assert await second.read() == b'{"b":2}'
+            await client.close()
+            return server
+    server = run(main())
+    assert server.connections == 1
+    assert server.requests[0].startswith(b"POST /generate HTTP/1.1\r\n")
+    assert b"x-request-id: r1\r\n" in server.requests[0] and server.requests[0].endswith(b'\r\n\r\n{"x":1}')
+
+
+def test_chunks_arrive_as_they_are_sent():
+    async def main():
+        async with Scripted(chunked(b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n")) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=5)
+            response = await client.request("POST", server.url, "/generate", b"{}")
+            got = [chunk async for chunk in response.iter_chunks()]
+            await client.close()
+            return got
+    got = run(main())
+    assert b"".join(got) == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+    assert len(got) == 3  # the server paused between chunks: each was handed on alone
+
+
+def test_a_kept_alive_connection_the_worker_closed_is_replaced_without_an_error():
+    async def main():
+        # The server answers, then drops the connection when the next request arrives on it (as an idle timeout
+        # racing a new request does); the client must resend on a fresh connection.
+        async with Scripted(ok(b"1"), "close", ok(b"2")) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=5)
+            assert await (await client.request("POST", server.url, "/g", b"{}")).read() == b"1"
+            assert await (await client.request("POST", server.url, "/g", b"{}")).read() == b"2"
+            await client.close()
+            return server
+    server = run(main())
+    assert server.connections == 2
+
+
+def test_connection_refused_is_connect_failed():
+    async def main():
+        client = UpstreamClient(connect_timeout=2, read_timeout=5)
+        with pytest.raises(ConnectFailed):
+            await client.request("POST", "http://127.0.0.1:9", "/generate", b"{}")
+    run(main())
+
+
+def test_silence_is_a_read_timeout_and_the_connection_is_not_reused():
+    async def main():
+        async with Scripted("hang", ok(b"fine")) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=0.3)
+            with pytest.raises(ReadTimeout):
+                await client.request("POST", server.url, "/g", b"{}")
+            assert await (await client.request("POST", server.url, "/g", b"{}")).read() == b"fine"
+            await client.close()
+            return server
+    assert run(main()).connections == 2
+
+
+def test_a_connection_dropped_mid_body_raises():
+    async def main():
+        async with Scripted([b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial", "close"]) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=5)
+            response = await client.request("POST", server.url, "/g", b"{}")
+            with pytest.raises(ConnectionDropped):
+                await response.read()
+    run(main())
+
+
+def test_garbage_instead_of_http_is_a_dropped_connection():
+    async def main():
+        async with Scripted(b"SSH-2.0-OpenSSH\r\n\r\n") as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=5)
+            with pytest.raises(ConnectionDropped):
+                await client.request("POST", server.url, "/g", b"{}")
+    run(main())
+
+
+def test_interrupt_wakes_a_waiting_reader_with_the_given_error():
+    async def main():
+        async with Scripted("hang") as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=60)
+            sent = []
+            waiting = asyncio.ensure_future(client.request("POST", server.url, "/g", b"{}", on_sent=sent.append))
+            await asyncio.sleep(0.1)
+            sent[0].interrupt(RuntimeError("prefill failed"))
+            with pytest.raises(RuntimeError, match="prefill failed"):
+                await asyncio.wait_for(waiting, 2)
+    run(main())
