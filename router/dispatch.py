@@ -23,7 +23,7 @@ from pdcluster.http import error_body
 from router import logprobs
 from router.edge import Answer, StreamAnswer, json_answer
 from router.metrics import RouterMetrics
-from router.upstream import ConnectFailed, UpstreamClient, UpstreamError, UpstreamResponse
+from router.upstream import ConnectFailed, ConnectionDropped, UpstreamClient, UpstreamError, UpstreamResponse
 from router.workers import Worker
 
 log = logging.getLogger("pdcluster.router")
@@ -140,12 +140,39 @@ class Dispatcher:
             raise _status_failure(worker, r.status, payload)
         return payload
 
+    def _start_prefill(self, ex: Exchange, raw: bytes) -> asyncio.Future:
+        """The prefill half as a future of its answer. On a kept-alive connection it is followed by callbacks, not
+        a task: the prefill's answer is only waited for, never streamed, and a task costs the router ~5% of its CPU."""
+        response = self.client.send_now("POST", ex.prefill.url, ex.route, raw, ex.headers)
+        if response is None:  # no idle connection: connecting takes a task
+            return asyncio.create_task(self._prefill_half(ex, raw))
+        outcome = asyncio.get_running_loop().create_future()
+
+        def finished(r: UpstreamResponse) -> None:
+            if outcome.done():
+                return
+            if r.error is None:
+                payload = r.body()
+                if r.status >= 400:
+                    outcome.set_exception(_status_failure(ex.prefill, r.status, payload))
+                else:
+                    outcome.set_result(payload)
+            elif isinstance(r.error, ConnectionDropped) and r.error.before_response:
+                # The worker had closed that kept-alive connection: resend on a new one.
+                _follow(asyncio.create_task(self._prefill_half(ex, raw)), outcome)
+            else:
+                outcome.set_exception(_transport_failure(ex.prefill, r.error))
+
+        response.on_done = finished
+        outcome.add_done_callback(lambda f: response.close() if f.cancelled() else None)
+        return outcome
+
     async def forward(self, ex: Exchange, body: dict[str, Any]) -> Answer | StreamAnswer:
         raw = orjson.dumps(body)
         ex.headers["content-type"] = "application/json"
         ex.prefill.in_flight += 1
         ex.decode.in_flight += 1
-        prefill_task = asyncio.create_task(self._prefill_half(ex, raw))
+        prefill_task = self._start_prefill(ex, raw)
         watch = _PrefillWatch()
         prefill_task.add_done_callback(watch.on_prefill_done)
         handed_over = False
@@ -265,3 +292,18 @@ async def _sse_events(response: UpstreamResponse) -> AsyncIterator[bytes]:
             yield event + b"\n\n"
     if buffer:
         yield buffer
+
+
+def _follow(task: asyncio.Task, outcome: asyncio.Future) -> None:
+    """Settle `outcome` as `task` ends; cancelling `outcome` cancels `task`."""
+    def settle(t: asyncio.Task) -> None:
+        if outcome.done():
+            return
+        if t.cancelled():
+            outcome.cancel()
+        elif t.exception() is not None:
+            outcome.set_exception(t.exception())
+        else:
+            outcome.set_result(t.result())
+    task.add_done_callback(settle)
+    outcome.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)

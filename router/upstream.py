@@ -51,6 +51,8 @@ class UpstreamResponse:
         self._waiter: asyncio.Future | None = None
         self._error: Exception | None = None
         self.done = False  # the whole body has arrived
+        # Called once the body is complete or the exchange failed: lets a caller follow a request without a task.
+        self.on_done: Callable[[UpstreamResponse], None] | None = None
 
     # Called by the connection.
     def _wake(self) -> None:
@@ -68,6 +70,22 @@ class UpstreamResponse:
         if not self.done and self._error is None:
             self._error = error
             self._wake()
+            if self.on_done is not None:
+                self.on_done(self)
+
+    def _complete(self) -> None:
+        self.done = True
+        self._wake()
+        if self.on_done is not None:
+            self.on_done(self)
+
+    @property
+    def error(self) -> Exception | None:
+        return self._error
+
+    def body(self) -> bytes:
+        """The body received so far (all of it once `done`), without waiting."""
+        return b"".join(self._take())
 
     def interrupt(self, error: Exception) -> None:
         """Make whoever waits on this response (headers or body) raise `error` now, and drop the connection."""
@@ -169,12 +187,11 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         response, self.response = self.response, None
-        response.done = True
-        response._wake()
         if self.parser.should_keep_alive() and not self.transport.is_closing():
             self.client._release(self)
         else:
             self.transport.close()
+        response._complete()  # after the connection is back in the pool: on_done may start the next request
 
 
 class UpstreamClient:
@@ -203,12 +220,7 @@ class UpstreamClient:
         """Send the request; return once the response's status and headers are in (ReadTimeout if they take
         longer than `headers_timeout`, default read_timeout). `on_sent` gets the response as soon as the request is
         written, so that another task can interrupt() the wait."""
-        host, port, host_header = self._address(base_url)
-        head = [f"{method} {path} HTTP/1.1\r\n".encode(), b"host: ", host_header,
-                b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
-        for name, value in (headers or {}).items():
-            head.append(f"{name}: {value}\r\n".encode("latin-1"))
-        message = b"".join(head) + b"\r\n" + body
+        host, port, message = self._message(method, base_url, path, body, headers)
         idle = self._idle.get((host, port))
         while idle:  # a kept-alive connection the worker may have closed meanwhile: resent on a new one if so
             conn = idle.pop()
@@ -220,6 +232,30 @@ class UpstreamClient:
                 if not exc.before_response:
                     raise
         return await self._exchange(await self._connect(host, port), message, headers_timeout, on_sent)
+
+    def send_now(self, method: str, base_url: str, path: str, body: bytes = b"",
+                 headers: dict[str, str] | None = None) -> UpstreamResponse | None:
+        """Write the request at once on an idle kept-alive connection and return its response-to-be (follow it
+        with `on_done`), or None when there is no idle connection (then request() must connect). The caller must
+        resend on a new connection if it fails with ConnectionDropped(before_response=True)."""
+        host, port, message = self._message(method, base_url, path, body, headers)
+        idle = self._idle.get((host, port))
+        while idle:
+            conn = idle.pop()
+            if not conn.transport.is_closing():
+                conn.response = response = UpstreamResponse(conn, self.read_timeout)
+                conn.transport.write(message)
+                return response
+        return None
+
+    def _message(self, method: str, base_url: str, path: str, body: bytes,
+                 headers: dict[str, str] | None) -> tuple[str, int, bytes]:
+        host, port, host_header = self._address(base_url)
+        head = [f"{method} {path} HTTP/1.1\r\n".encode(), b"host: ", host_header,
+                b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
+        for name, value in (headers or {}).items():
+            head.append(f"{name}: {value}\r\n".encode("latin-1"))
+        return host, port, b"".join(head) + b"\r\n" + body
 
     async def _connect(self, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()

@@ -222,3 +222,19 @@ def test_openai_fields_pass_through_to_both_halves_untouched():
         assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 200
     for received in (prefill.received[0], decode.received[0]):
         assert {k: received[k] for k in body} == body
+
+
+def test_prefill_failure_on_a_kept_alive_connection_aborts_the_decode_half_too():
+    # The first request opens the connections; the second goes out on kept-alive ones, where the router follows the
+    # prefill's answer with callbacks instead of a task: the failure must be seen the same way.
+    prefill, decode = FakeWorker(), FakeWorker()
+    with cluster(prefill, decode, max_attempts=1) as url:
+        assert httpx.post(f"{url}/generate", json={"text": "hi"}).status_code == 200
+        prefill.behaviour, decode.behaviour = Behaviour(status=500), Behaviour(hang=True)
+        start = time.monotonic()
+        response = httpx.post(f"{url}/generate", json={"text": "hi"}, timeout=30)
+        assert time.monotonic() - start < 10
+        assert until(lambda: decode.aborted)
+    assert response.status_code == 502
+    assert "prefill" in response.json()["error"]["message"]
+    assert decode.aborted == [decode.received[1]["rid"]]
