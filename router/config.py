@@ -17,6 +17,13 @@ class StaticWorker(BaseModel):
     bootstrap_host: str | None = None
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
 
+    @field_validator("url")
+    @classmethod
+    def _plain_http(cls, url: HttpUrl) -> HttpUrl:
+        if url.scheme != "http":  # workers sit on the cluster's own network; router/upstream.py speaks plain HTTP
+            raise ValueError(f"{url}: workers are reached over http://, not {url.scheme}://")
+        return url
+
 
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")

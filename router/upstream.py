@@ -202,16 +202,19 @@ class UpstreamClient:
         self.max_idle = max_idle_per_worker
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._open: set[_Connection] = set()
-        self._addresses: dict[str, tuple[str, int, bytes]] = {}
+        self._addresses: dict[str, tuple[str, int, bytes, str]] = {}
 
-    def _address(self, base_url: str) -> tuple[str, int, bytes]:
+    def _address(self, base_url: str) -> tuple[str, int, bytes, str]:
+        """(host, port, Host header, path prefix) of a worker's base URL, parsed once."""
         address = self._addresses.get(base_url)
         if address is None:
             parts = urlsplit(base_url)
-            if parts.scheme != "http":
-                raise ValueError(f"{base_url}: the data plane speaks plain http:// to workers")
+            if parts.scheme != "http" or not parts.hostname:
+                raise ConnectFailed(f"{base_url}: the data plane speaks plain http:// to workers")
             port = parts.port or 80
-            address = self._addresses[base_url] = (parts.hostname, port, f"{parts.hostname}:{port}".encode())
+            host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+            address = (parts.hostname, port, f"{host}:{port}".encode(), parts.path.rstrip("/"))
+            self._addresses[base_url] = address
         return address
 
     async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
@@ -250,8 +253,8 @@ class UpstreamClient:
 
     def _message(self, method: str, base_url: str, path: str, body: bytes,
                  headers: dict[str, str] | None) -> tuple[str, int, bytes]:
-        host, port, host_header = self._address(base_url)
-        head = [f"{method} {path} HTTP/1.1\r\n".encode(), b"host: ", host_header,
+        host, port, host_header, prefix = self._address(base_url)
+        head = [f"{method} {prefix}{path} HTTP/1.1\r\n".encode(), b"host: ", host_header,
                 b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n"]
         for name, value in (headers or {}).items():
             head.append(f"{name}: {value}\r\n".encode("latin-1"))

@@ -156,3 +156,21 @@ def test_interrupt_wakes_a_waiting_reader_with_the_given_error():
             with pytest.raises(RuntimeError, match="prefill failed"):
                 await asyncio.wait_for(waiting, 2)
     run(main())
+
+
+def test_a_worker_url_with_a_path_prefix_keeps_it():
+    async def main():
+        async with Scripted(ok(b"{}")) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=5)
+            await (await client.request("POST", server.url + "/sglang/", "/generate", b"{}")).read()
+            await client.close()
+            return server
+    assert run(main()).requests[0].startswith(b"POST /sglang/generate HTTP/1.1\r\n")
+
+
+def test_an_https_worker_is_refused_clearly():
+    async def main():
+        client = UpstreamClient(connect_timeout=2, read_timeout=5)
+        with pytest.raises(ConnectFailed, match="plain http://"):
+            await client.request("POST", "https://127.0.0.1:9", "/generate", b"{}")
+    run(main())
