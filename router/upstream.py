@@ -1,8 +1,8 @@
 """The data plane's HTTP/1.1 client to the workers: keep-alive connections, httptools' parser, asyncio transports.
 
 Why not a general-purpose client: every client request costs the router two upstream requests, and the client
-is most of the router's CPU. Measured against the same fake worker (bench/results/relay_experiment.json and
-bench/README.md): httpx 0.8-4.6 ms of CPU per request, aiohttp 0.12-0.19 ms, pyreqwest 0.06-0.12 ms, this 0.02-0.04.
+was most of the router's CPU. CPU per request against the same fake worker at concurrency 1/32/256
+(bench/results/client_probe.json): httpx 0.9-5.1 ms, aiohttp 0.12-0.21 ms, pyreqwest 0.05-0.12 ms, this 0.03-0.06.
 It does only what the router needs of SGLang's HTTP servers: a request with a bytes body, a response with a
 content-length, chunked or close-delimited body, read whole or as it arrives. No TLS, redirects, proxies or
 decompression (bytes are relayed as the worker sent them). The parser is httptools (llhttp, as uvicorn uses).
