@@ -4,8 +4,8 @@ Why the PD routes skip the framework: FastAPI/Starlette cost ~0.07 ms of CPU per
 streamed one (bench/results/asgi_overhead.json), as much as the rest of the router's work on a request. Here a
 route is a function from an EdgeRequest to an Answer or a StreamAnswer; uvicorn still parses HTTP.
 
-A client that disconnects is noticed at once (uvicorn's receive() returns http.disconnect): the task serving it
-is cancelled, which is what makes the dispatcher abort both halves of its PD pair.
+A client that disconnects is noticed within WATCH_AFTER (uvicorn's receive() returns http.disconnect): the task
+serving it is cancelled, which is what makes the dispatcher abort both halves of its PD pair.
 """
 
 from __future__ import annotations
@@ -46,17 +46,23 @@ def error_answer(status: int, message: str, param: str | None = None) -> Answer:
     return answer
 
 
+# Watching for a disconnect costs a task per request (~10% of the router's CPU at 256 clients), and only matters
+# for requests that run long enough to be worth aborting: it starts this long after the body was read.
+WATCH_AFTER = 0.2
+
+
 class EdgeRequest:
     """What a PD route sees of a request: lower-cased headers and a size-limited body.
 
-    Once the body is read, the request watches for the client's disconnect and calls `on_disconnect` if it comes
-    before the answer is finished."""
+    Once the body is read (and WATCH_AFTER has passed), the request watches for the client's disconnect and calls
+    `on_disconnect` if it comes before the answer is finished."""
 
     def __init__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict]],
                  on_disconnect: Callable[[], None] = lambda: None):
         self.headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         self._receive, self._on_disconnect = receive, on_disconnect
         self.finished = False
+        self._watch_timer: asyncio.TimerHandle | None = None
         self.watch: asyncio.Future | None = None
 
     async def body(self, limit: int) -> bytes:
@@ -75,10 +81,14 @@ class EdgeRequest:
                 raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
             more = message.get("more_body", False)
-        # After the body, uvicorn's receive() returns only when the client disconnects or the answer is complete.
+        self._watch_timer = asyncio.get_running_loop().call_later(WATCH_AFTER, self._start_watch)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _start_watch(self) -> None:
+        # After the body, uvicorn's receive() returns only when the client disconnects or the answer is complete
+        # (at once if the client left already).
         self.watch = asyncio.ensure_future(self._receive())
         self.watch.add_done_callback(self._watched)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _watched(self, watch: asyncio.Future) -> None:
         if not watch.cancelled() and not self.finished:
@@ -86,6 +96,8 @@ class EdgeRequest:
 
     def finish(self) -> None:
         self.finished = True
+        if self._watch_timer is not None:
+            self._watch_timer.cancel()
         if self.watch is not None and not self.watch.done():
             self.watch.cancel()
 

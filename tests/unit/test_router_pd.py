@@ -97,6 +97,15 @@ def test_client_disconnect_mid_stream_aborts_both_halves():
     assert prefill.aborted == decode.aborted == [decode.received[0]["rid"]]
 
 
+def test_client_that_gives_up_on_a_non_streamed_request_aborts_both_halves():
+    prefill, decode = FakeWorker(Behaviour(hang=True)), FakeWorker(Behaviour(hang=True))
+    with cluster(prefill, decode) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/generate", json={"text": "hi"}, timeout=1.0)  # the client hangs up after 1 s
+        assert until(lambda: prefill.aborted and decode.aborted, timeout=5)
+    assert prefill.aborted == decode.aborted == [decode.received[0]["rid"]]
+
+
 def test_batch_gets_a_room_per_item():
     prefill, decode = FakeWorker(), FakeWorker()
     with cluster(prefill, decode) as url:
