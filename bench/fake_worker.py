@@ -154,12 +154,16 @@ class FakeSGLang(asyncio.Protocol):
         rid = request.get("rid") or "fake"
         if not request.get("stream"):
             return self._reply(_response(200, _plain(path, rid, self.chunks)), close)
-        write = self.transport.write
-        write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-              b"transfer-encoding: chunked\r\n\r\n")
-        for event in _events(path, rid, self.chunks):  # one write per chunk, as a real server emits them
-            write(_http_chunk(event))
-        self._reply(b"0\r\n\r\n", close)
+        # Every chunk at once, as one HTTP chunk each, handed to the kernel in one writev: they would leave
+        # back-to-back anyway, and a write() each would make the fake, not the routers, the limit of the
+        # direct-to-decode stream cells.
+        self.transport.writelines([
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+            b"transfer-encoding: chunked\r\n\r\n",
+            *(_http_chunk(event) for event in _events(path, rid, self.chunks)), b"0\r\n\r\n"])
+        if close:
+            self.transport.close()
+            self.transport = None
 
 
 async def serve(host: str, port: int, chunks: int) -> None:
