@@ -2,8 +2,8 @@
 
 Starts the fakes and our router (as bench.router does), drives it with wrk at one concurrency and mode, samples
 the router with `py-spy record` meanwhile, and sorts every on-CPU sample into who is paying: the HTTP client
-(httpx/httpcore or aiohttp), the HTTP server (uvicorn/h11/starlette/fastapi), our own code (and what it calls), the event
-loop. Writes bench/results/profile_router_c<C>_<mode>.json (the breakdown and the hottest frames).
+(httpx/httpcore, aiohttp, or the router's own router/upstream.py), the HTTP server (uvicorn/h11/starlette/
+fastapi), our own code (and what it calls), the event loop. Writes bench/results/profile_router_c<C>_<mode>.json (the breakdown and the hottest frames).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def category(frames: list[str]) -> str:
         return "client: httpx/httpcore (with anyio, h11 underneath)"
     if any(f.startswith("aiohttp/") for f in files):
         return "client: aiohttp"
+    if "router/upstream.py" in files:
+        return "client: router/upstream.py"
     ours = [i for i, f in enumerate(files) if f.startswith(OURS) and f != ENTRY]
     if ours:
         below = files[ours[-1] + 1:]

@@ -10,7 +10,7 @@ failure raises HalfFailed (the caller may retry on a new pair); after, the strea
 from __future__ import annotations
 
 import asyncio
-import json
+import json  # on the rare paths (logprob merge, error events), as logprobs.py: it accepts NaN/Infinity, orjson not
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -66,6 +66,13 @@ def _status_failure(worker: Worker, status: int, payload: bytes) -> HalfFailed:
     retryable = status >= 500 or status == 429
     return HalfFailed(worker, status if status < 500 else 502, f"{worker.role.value} {worker.url} answered {status}",
                       payload, retryable)
+
+
+def _prefill_payload(worker: Worker, status: int, payload: bytes) -> bytes:
+    """The prefill's answer, whose only use is logprobs; its status is what says the half failed."""
+    if status >= 400:
+        raise _status_failure(worker, status, payload)
+    return payload
 
 
 class _PrefillWatch:
@@ -136,9 +143,7 @@ class Dispatcher:
         finally:
             if r is not None:
                 r.close()
-        if r.status >= 400:
-            raise _status_failure(worker, r.status, payload)
-        return payload
+        return _prefill_payload(worker, r.status, payload)
 
     def _start_prefill(self, ex: Exchange, raw: bytes) -> asyncio.Future:
         """The prefill half as a future of its answer. On a kept-alive connection it is followed by callbacks, not
@@ -152,11 +157,10 @@ class Dispatcher:
             if outcome.done():
                 return
             if r.error is None:
-                payload = r.body()
-                if r.status >= 400:
-                    outcome.set_exception(_status_failure(ex.prefill, r.status, payload))
-                else:
-                    outcome.set_result(payload)
+                try:
+                    outcome.set_result(_prefill_payload(ex.prefill, r.status, r.body()))
+                except HalfFailed as failure:
+                    outcome.set_exception(failure)
             elif isinstance(r.error, ConnectionDropped) and r.error.before_response:
                 # The worker had closed that kept-alive connection: resend on a new one.
                 _follow(asyncio.create_task(self._prefill_half(ex, raw)), outcome)

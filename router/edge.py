@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from pdcluster.http import ApiError, error_body
+from pdcluster.http import error_body, read_body
 
 
 @dataclass
@@ -65,24 +65,21 @@ class EdgeRequest:
         self._watch_timer: asyncio.TimerHandle | None = None
         self.watch: asyncio.Future | None = None
 
-    async def body(self, limit: int) -> bytes:
-        """The whole body; 413 for anything over `limit` bytes, without buffering more than that."""
-        declared = self.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
-        chunks, size, more = [], 0, True
+    async def stream(self) -> AsyncIterator[bytes]:
+        """The body's chunks as they come (what pdcluster.http.read_body reads, with its size limit)."""
+        more = True
         while more:
             message = await self._receive()
             if message["type"] == "http.disconnect":
                 raise ClientGone  # left mid-upload: no worker has seen the request, nobody to answer
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
+            yield message.get("body", b"")
             more = message.get("more_body", False)
+
+    async def body(self, limit: int) -> bytes:
+        """The whole body; 413 for anything over `limit` bytes. Starts the disconnect watch."""
+        raw = await read_body(self, limit)
         self._watch_timer = asyncio.get_running_loop().call_later(WATCH_AFTER, self._start_watch)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return raw
 
     def _start_watch(self) -> None:
         # After the body, uvicorn's receive() returns only when the client disconnects or the answer is complete

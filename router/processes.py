@@ -12,7 +12,6 @@ The parent only supervises: a child that dies takes the router down with its exi
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import logging
 import multiprocessing
@@ -24,12 +23,12 @@ import sys
 import tempfile
 from multiprocessing.connection import wait
 
+from pdcluster.children import die_with_parent, exit_status
 from pdcluster.logs import setup_logging
 from router.config import RouterConfig
 
 log = logging.getLogger("pdcluster.router")
 STARTUP_FAILURE = 3  # uvicorn's exit status when the app fails to start
-_PR_SET_PDEATHSIG = 1
 
 
 def serve(config: RouterConfig, sock: socket.socket | None = None) -> int:
@@ -64,16 +63,12 @@ def _reuseport_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
 
 
 def _child(config_json: str, index: int) -> None:
     os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the parent only; it stops the children once, gracefully
-    try:  # never outlive the parent (it owns the metrics directory and the port's other holders)
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+    die_with_parent(signal.SIGTERM)  # never outlive the parent: it owns the metrics directory and the other children
     config = RouterConfig.model_validate_json(config_json)
     setup_logging(f"router-{index}", config.log_level, json_lines=config.log_format == "json")
     sys.exit(serve(config, _reuseport_socket(config.host, config.port)))
@@ -98,8 +93,7 @@ def _supervise(config: RouterConfig) -> int:
             if ended and not stopping:
                 dead = next(c for c in children if c.sentinel in ended)
                 dead.join()
-                code = dead.exitcode or 0
-                status = code if code > 0 else (128 - code if code < 0 else 1)  # by signal N: 128+N
+                status = exit_status(dead.exitcode) or 1  # it was not asked to stop: 0 is a failure too
                 log.error("router process exited; stopping the others", extra={"router_process": dead.name,
                                                                                 "exit_status": status})
                 break

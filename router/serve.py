@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from pdcluster.http import ApiError, check_bearer
+from pdcluster.http import ApiError, check_bearer, parse_json_object
 from pdcluster.protocol import Role
 from router.config import RouterConfig
 from router.dispatch import Dispatcher, Exchange, HalfFailed
@@ -27,16 +27,6 @@ from router.workers import Worker, WorkerPool
 log = logging.getLogger("pdcluster.router")
 
 Check = Callable[[dict[str, Any]], Checked]
-
-
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    return data
 
 
 class PdService:
@@ -88,7 +78,7 @@ class PdService:
         config = self.config
         check_bearer(request, self.api_key)
         raw = await request.body(config.max_body_bytes)
-        original = parse_json_object(raw)
+        original = parse_json_object(raw, orjson.loads)
         checked = check(original)
         tried: set[str] = set()
         for attempt in range(config.max_attempts):

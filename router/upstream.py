@@ -155,7 +155,6 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.response: UpstreamResponse | None = None
-        self._header_name = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -224,11 +223,8 @@ class UpstreamClient:
         longer than `headers_timeout`, default read_timeout). `on_sent` gets the response as soon as the request is
         written, so that another task can interrupt() the wait."""
         host, port, message = self._message(method, base_url, path, body, headers)
-        idle = self._idle.get((host, port))
-        while idle:  # a kept-alive connection the worker may have closed meanwhile: resent on a new one if so
-            conn = idle.pop()
-            if conn.transport.is_closing():
-                continue
+        # A kept-alive connection the worker may have closed meanwhile: resent on a new one if so.
+        while (conn := self._idle_connection(host, port)) is not None:
             try:
                 return await self._exchange(conn, message, headers_timeout, on_sent)
             except ConnectionDropped as exc:
@@ -242,14 +238,21 @@ class UpstreamClient:
         with `on_done`), or None when there is no idle connection (then request() must connect). The caller must
         resend on a new connection if it fails with ConnectionDropped(before_response=True)."""
         host, port, message = self._message(method, base_url, path, body, headers)
+        conn = self._idle_connection(host, port)
+        return None if conn is None else self._send(conn, message)
+
+    def _idle_connection(self, host: str, port: int) -> _Connection | None:
         idle = self._idle.get((host, port))
         while idle:
             conn = idle.pop()
             if not conn.transport.is_closing():
-                conn.response = response = UpstreamResponse(conn, self.read_timeout)
-                conn.transport.write(message)
-                return response
+                return conn
         return None
+
+    def _send(self, conn: _Connection, message: bytes) -> UpstreamResponse:
+        conn.response = response = UpstreamResponse(conn, self.read_timeout)
+        conn.transport.write(message)
+        return response
 
     def _message(self, method: str, base_url: str, path: str, body: bytes,
                  headers: dict[str, str] | None) -> tuple[str, int, bytes]:
@@ -274,8 +277,7 @@ class UpstreamClient:
 
     async def _exchange(self, conn: _Connection, message: bytes, headers_timeout: float | None,
                         on_sent: Callable[[UpstreamResponse], None] | None) -> UpstreamResponse:
-        conn.response = response = UpstreamResponse(conn, self.read_timeout)
-        conn.transport.write(message)
+        response = self._send(conn, message)
         if on_sent is not None:
             on_sent(response)
         try:

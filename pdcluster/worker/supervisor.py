@@ -6,7 +6,6 @@ of its own, so the whole tree shares one process group that can be killed in one
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -14,22 +13,9 @@ import sys
 import time
 from collections.abc import Callable
 
+from pdcluster.children import die_with_parent, exit_status
+
 GRACE_SECONDS = 15.0
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_launcher() -> None:
-    # If the launcher itself is SIGKILLed, the kernel sends SIGKILL to SGLang's main process; its group is then
-    # orphaned but loses its parent, and SGLang's own children watch their parent and exit.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def exit_status(returncode: int) -> int:
-    """Shell convention: a child killed by signal N exits 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -60,7 +46,9 @@ class Supervisor:
     def run(self, while_running: Callable[[subprocess.Popen[bytes]], None] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
-        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True, preexec_fn=_die_with_launcher)
+        # If the launcher itself is SIGKILLed, the kernel sends SIGKILL to SGLang's main process; its group is then
+        # orphaned but loses its parent, and SGLang's own children watch their parent and exit.
+        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True, preexec_fn=die_with_parent)
         if while_running is not None:
             while_running(self.proc)
         try:

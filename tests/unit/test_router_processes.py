@@ -35,19 +35,33 @@ def requests_total(url: str) -> float:
                if s.name == "pdcluster_router_requests_total" and s.labels.get("status") == "200")
 
 
-def start_router(tmp_path: Path, prefill_url: str, decode_url: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    config = tmp_path / "router.yaml"
-    config.write_text(f"port: {port}\nbootstrap_url: null\nworkers: 2\nhealth_interval: 0.2\n"
-                      f"prefill: [{{url: '{prefill_url}', bootstrap_port: 8999}}]\ndecode: [{{url: '{decode_url}'}}]\n")
-    proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(config)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
+@pytest.fixture
+def router(tmp_path):
+    """`python -m router` with workers: 2 over a fake prefill and decode: (process, URL, decode fake)."""
+    prefill, decode = FakeWorker(), FakeWorker()
+    with ExitStack() as stack:
+        p, d = stack.enter_context(ServerThread(prefill.app())), stack.enter_context(ServerThread(decode.app()))
+        port = free_port()
+        config = tmp_path / "router.yaml"
+        config.write_text(f"port: {port}\nbootstrap_url: null\nworkers: 2\nhealth_interval: 0.2\n"
+                          f"prefill: [{{url: '{p.url}', bootstrap_port: 8999}}]\ndecode: [{{url: '{d.url}'}}]\n")
+        proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(config)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(proc, url)
+            yield proc, url, decode
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def wait_ready(proc: subprocess.Popen, url: str) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return proc, url
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
@@ -55,37 +69,25 @@ def start_router(tmp_path: Path, prefill_url: str, decode_url: str) -> tuple[sub
     raise AssertionError(f"router did not become ready: {proc.stderr.read().decode()[-2000:]}")
 
 
-def test_two_processes_serve_one_port_and_their_metrics_add_up(tmp_path):
-    prefill, decode = FakeWorker(), FakeWorker()
-    with ExitStack() as stack:
-        p, d = stack.enter_context(ServerThread(prefill.app())), stack.enter_context(ServerThread(decode.app()))
-        proc, url = start_router(tmp_path, p.url, d.url)
-        try:
-            assert len(router_processes(proc.pid)) == 2
-            for _ in range(20):  # a new connection each: the kernel spreads them over both processes
-                with httpx.Client() as client:
-                    assert client.post(f"{url}/generate", json={"text": "hi"}).status_code == 200
-            assert len(decode.received) == 20
-            # Whichever process answers the scrape, the count is the sum over both.
-            assert {requests_total(url) for _ in range(6)} == {20}
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0
-        finally:
-            proc.kill()
+def test_two_processes_serve_one_port_and_their_metrics_add_up(router):
+    proc, url, decode = router
+    assert len(router_processes(proc.pid)) == 2
+    for _ in range(20):  # a new connection each: the kernel spreads them over both processes
+        with httpx.Client() as client:
+            assert client.post(f"{url}/generate", json={"text": "hi"}).status_code == 200
+    assert len(decode.received) == 20
+    # Whichever process answers the scrape, the count is the sum over both.
+    assert {requests_total(url) for _ in range(6)} == {20}
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
 
 
-def test_a_dead_router_process_stops_the_router_with_an_error_status(tmp_path):
-    prefill, decode = FakeWorker(), FakeWorker()
-    with ExitStack() as stack:
-        p, d = stack.enter_context(ServerThread(prefill.app())), stack.enter_context(ServerThread(decode.app()))
-        proc, url = start_router(tmp_path, p.url, d.url)
-        try:
-            first, second = router_processes(proc.pid)
-            os.kill(first, signal.SIGKILL)
-            assert proc.wait(timeout=30) == 128 + signal.SIGKILL, proc.stderr.read().decode()[-3000:]
-            # The other process went with it: nothing is left holding the port.
-            assert not Path(f"/proc/{second}").exists() or b"zombie" in Path(f"/proc/{second}/status").read_bytes()
-            with pytest.raises(httpx.ConnectError):
-                httpx.get(f"{url}/health", timeout=2)
-        finally:
-            proc.kill()
+def test_a_dead_router_process_stops_the_router_with_an_error_status(router):
+    proc, url, _ = router
+    first, second = router_processes(proc.pid)
+    os.kill(first, signal.SIGKILL)
+    assert proc.wait(timeout=30) == 128 + signal.SIGKILL, proc.stderr.read().decode()[-3000:]
+    # The other process went with it: nothing is left holding the port.
+    assert not Path(f"/proc/{second}").exists() or b"zombie" in Path(f"/proc/{second}/status").read_bytes()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health", timeout=2)
