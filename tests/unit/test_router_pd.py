@@ -190,14 +190,16 @@ def test_client_errors_are_not_retried_and_pass_through():
 
 def test_breaker_opens_after_failures_and_closes_after_recovery():
     prefill, decode = FakeWorker(), FakeWorker(Behaviour(status=503))
-    with cluster(prefill, decode, breaker_threshold=3, breaker_cooldown=0.5, max_attempts=1) as url:
+    # The cooldown must outlast three requests and a scrape even on a busy machine (make test runs this right after
+    # the e2e cluster shuts down): at 0.5 s the breaker once went half-open before the refused request was sent.
+    with cluster(prefill, decode, breaker_threshold=3, breaker_cooldown=3.0, max_attempts=1) as url:
         for _ in range(3):
             assert httpx.post(f"{url}/generate", json={"text": "hi"}).status_code == 502
         assert metric(url, "pdcluster_router_breaker_state", worker=decode_url(url), role="decode") == 2
         refused = httpx.post(f"{url}/generate", json={"text": "hi"})
         assert refused.status_code == 503 and len(decode.received) == 3  # open: no traffic at all
         decode.behaviour = Behaviour()
-        time.sleep(0.6)  # cooldown over: one trial request goes through and closes the breaker
+        time.sleep(3.1)  # cooldown over: one trial request goes through and closes the breaker
         assert httpx.post(f"{url}/generate", json={"text": "hi"}).status_code == 200
         assert metric(url, "pdcluster_router_breaker_state", worker=decode_url(url), role="decode") == 0
 
