@@ -78,8 +78,10 @@ def test_incompatible_workers_are_reported_with_the_reason():
 def test_long_poll_answers_on_the_next_change():
     with client() as c:
         version = c.get("/v1/workers").json()["version"]
-        threading.Timer(0.3, lambda: c.put("/v1/workers/d1", json=registration("d1"))).start()
+        registering = threading.Timer(0.3, lambda: c.put("/v1/workers/d1", json=registration("d1")))
+        registering.start()
         start = time.monotonic()
         listing = c.get("/v1/workers", params={"wait_version": version, "timeout": 5}).json()
         assert time.monotonic() - start < 2
+        registering.join()  # its PUT must finish reading its answer before the test client closes
         assert listing["version"] > version and len(listing["workers"]) == 1

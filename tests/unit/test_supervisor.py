@@ -18,8 +18,8 @@ FAKE_SERVER = textwrap.dedent("""
     import signal, subprocess, sys, time
     child = subprocess.Popen([sys.executable, "-c",
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
-    print(child.pid, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+    print(child.pid, flush=True)  # only once the handler is in place: the test signals as soon as it reads this
     time.sleep(600)
 """)
 
