@@ -35,7 +35,9 @@ class GenerateRequest(_Passthrough):
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
-        given = [name for name in ("text", "input_ids", "input_embeds") if getattr(self, name, None) is not None]
+        # input_embeds is an extra field; model_extra, not getattr (a missing extra raises inside pydantic, slowly)
+        inputs_given = (self.text, self.input_ids, (self.model_extra or {}).get("input_embeds"))
+        given = [name for name, value in zip(("text", "input_ids", "input_embeds"), inputs_given) if value is not None]
         if not given:
             raise ValueError("one of text or input_ids is required")
         if len(given) > 1:

@@ -11,6 +11,7 @@ from router.validation import check_chat, check_completion, check_generate
     [
         ({"sampling_params": {"max_new_tokens": 4}}, "body", "one of text or input_ids is required"),
         ({"text": "a", "input_ids": [1, 2]}, "body", "only one of text and input_ids"),
+        ({"text": "a", "input_embeds": [[0.1]]}, "body", "only one of text and input_embeds"),
         ({"text": 5}, "text", "text"),
         ({"input_ids": ["a"]}, "input_ids.0", "input_ids.0"),
         ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens", "greater than"),
