@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -45,23 +46,39 @@ class _PoolCollector(Collector):
         yield from families
 
 
+class _Labelled:
+    """A labelled metric whose children are looked up once: prometheus_client's labels() takes a lock and checks
+    the label values on every call, a few microseconds on each request's path."""
+
+    def __init__(self, metric: Counter | Histogram):
+        self.metric = metric
+        self.children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = self.metric.labels(*values)
+        return child
+
+
 class RouterMetrics:
     def __init__(self, pool: WorkerPool):
         self.registry = CollectorRegistry()
-        self.requests = Counter("pdcluster_router_requests", "Requests answered, by route and HTTP status",
-                                ["route", "status"], registry=self.registry)
-        self.stream_errors = Counter("pdcluster_router_stream_errors", "Streams ended by an error event",
-                                     ["route"], registry=self.registry)
-        self.ttft = Histogram("pdcluster_router_ttft_seconds", "Time to the first streamed chunk", ["route"],
-                              buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.latency = Histogram("pdcluster_router_request_duration_seconds", "End-to-end request latency",
-                                 ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.retries = Counter("pdcluster_router_retries", "Requests retried on a new pair", ["route"],
-                               registry=self.registry)
-        self.aborts = Counter("pdcluster_router_aborts_sent", "/abort_request calls sent to workers", ["role"],
-                              registry=self.registry)
-        self.ejections = Counter("pdcluster_router_worker_ejections", "Workers taken out of rotation", ["role"],
-                                 registry=self.registry)
+        r = self.registry
+        self.requests = _Labelled(Counter("pdcluster_router_requests", "Requests answered, by route and HTTP status",
+                                          ["route", "status"], registry=r))
+        self.stream_errors = _Labelled(Counter("pdcluster_router_stream_errors", "Streams ended by an error event",
+                                               ["route"], registry=r))
+        self.ttft = _Labelled(Histogram("pdcluster_router_ttft_seconds", "Time to the first streamed chunk",
+                                        ["route"], buckets=LATENCY_BUCKETS, registry=r))
+        self.latency = _Labelled(Histogram("pdcluster_router_request_duration_seconds", "End-to-end request latency",
+                                           ["route"], buckets=LATENCY_BUCKETS, registry=r))
+        self.retries = _Labelled(Counter("pdcluster_router_retries", "Requests retried on a new pair", ["route"],
+                                         registry=r))
+        self.aborts = _Labelled(Counter("pdcluster_router_aborts_sent", "/abort_request calls sent to workers",
+                                        ["role"], registry=r))
+        self.ejections = _Labelled(Counter("pdcluster_router_worker_ejections", "Workers taken out of rotation",
+                                           ["role"], registry=r))
         self.pool = pool
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         if self.multiprocess:
