@@ -106,6 +106,18 @@ def test_client_that_gives_up_on_a_non_streamed_request_aborts_both_halves():
     assert prefill.aborted == decode.aborted == [decode.received[0]["rid"]]
 
 
+def test_total_timeout_answers_504_and_aborts_both_halves():
+    prefill, decode = FakeWorker(Behaviour(hang=True)), FakeWorker(Behaviour(hang=True))
+    with cluster(prefill, decode, total_timeout=1.0) as url:
+        start = time.monotonic()
+        response = httpx.post(f"{url}/generate", json={"text": "hi"}, timeout=30)
+        assert time.monotonic() - start < 5
+        assert until(lambda: prefill.aborted and decode.aborted, timeout=5)
+    assert response.status_code == 504
+    assert response.json()["error"]["message"] == "request took longer than total_timeout (1.0s)"
+    assert prefill.aborted == decode.aborted == [decode.received[0]["rid"]]
+
+
 def test_batch_gets_a_room_per_item():
     prefill, decode = FakeWorker(), FakeWorker()
     with cluster(prefill, decode) as url:
