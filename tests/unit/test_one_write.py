@@ -108,3 +108,16 @@ def test_a_head_request_gets_its_head_and_a_broken_app_gets_a_500():
         assert len(transport.writes) == 1
         assert transport.writes[0].startswith(b"HTTP/1.1 500") and transport.writes[0].endswith(b"Internal Server Error")
     asyncio.run(scenario())
+
+
+def test_a_100_continue_goes_out_at_once_and_the_answer_after_it_in_one_write():
+    async def scenario():
+        protocol, transport = connect(plain_app)
+        protocol.data_received(b"POST /generate HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n")
+        await settle()
+        assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+        protocol.data_received(b"{}")
+        await settle()
+        assert len(transport.writes) == 2 and transport.writes[1].startswith(b"HTTP/1.1 200 OK\r\n")
+        assert transport.writes[1].endswith(b'{"text":""}')
+    asyncio.run(scenario())
