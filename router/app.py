@@ -16,8 +16,9 @@ from pdcluster.protocol import Role
 from router import health
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.dispatch import Dispatcher, HalfFailed
+from router.dispatch import Dispatcher
 from router.edge import Edge
+from router.failures import HalfFailed
 from router.metrics import RouterMetrics
 from router.policies import make_policy
 from router.serve import PdService

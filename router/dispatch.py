@@ -21,9 +21,10 @@ import orjson
 
 from pdcluster.http import error_body
 from router import logprobs
-from router.edge import Answer, StreamAnswer, json_answer
+from router.edge import Answer, StreamAnswer
 from router.metrics import RouterMetrics
-from router.upstream import ConnectFailed, ConnectionDropped, UpstreamClient, UpstreamError, UpstreamResponse
+from router.failures import TRANSPORT_ERRORS, HalfFailed, status_failure, transport_failure
+from router.upstream import ConnectionDropped, UpstreamClient, UpstreamResponse
 from router.workers import Worker
 
 log = logging.getLogger("pdcluster.router")
@@ -33,45 +34,10 @@ _JSON = {"content-type": "application/json"}
 _PREFILL_GRACE = 30.0  # seconds a prefill's answer may trail the decode's before it is cut off
 
 
-class HalfFailed(Exception):
-    """One half of the pair failed before the client got anything. `retryable`: a new pair may succeed."""
-
-    def __init__(self, worker: Worker, status: int, message: str, body: bytes | None = None,
-                 retryable: bool = False, transport: bool = False):
-        super().__init__(message)
-        self.worker, self.status, self.message, self.body, self.retryable = worker, status, message, body, retryable
-        self.transport = transport  # the worker could not be reached or dropped the connection
-
-    def answer(self) -> Answer:
-        if self.body is not None and 400 <= self.status < 500:
-            # A worker's own 4xx (e.g. prompt longer than the context) is the client's problem: pass it on as is.
-            return Answer(self.status, self.body)
-        return json_answer(self.status, error_body(self.status, self.message))
-
-
-# What a refused, broken or stalled connection raises (a stall: ReadTimeout, which is also a TimeoutError).
-TRANSPORT_ERRORS = (UpstreamError, TimeoutError)
-
-
-def _transport_failure(worker: Worker, exc: Exception) -> HalfFailed:
-    what = f"{worker.role.value} {worker.url}"
-    if isinstance(exc, ConnectFailed):  # the worker never saw the request: another pair may take it
-        return HalfFailed(worker, 502, f"{what} unreachable: {exc}", retryable=True, transport=True)
-    if isinstance(exc, TimeoutError):
-        return HalfFailed(worker, 504, f"{what} timed out: {exc}", transport=True)
-    return HalfFailed(worker, 502, f"{what} failed: {type(exc).__name__}: {exc}", retryable=True, transport=True)
-
-
-def _status_failure(worker: Worker, status: int, payload: bytes) -> HalfFailed:
-    retryable = status >= 500 or status == 429
-    return HalfFailed(worker, status if status < 500 else 502, f"{worker.role.value} {worker.url} answered {status}",
-                      payload, retryable)
-
-
 def _prefill_payload(worker: Worker, status: int, payload: bytes) -> bytes:
     """The prefill's answer, whose only use is logprobs; its status is what says the half failed."""
     if status >= 400:
-        raise _status_failure(worker, status, payload)
+        raise status_failure(worker, status, payload)
     return payload
 
 
@@ -139,7 +105,7 @@ class Dispatcher:
             r = await self.client.request("POST", worker.url, ex.route, body, ex.headers)
             payload = await r.read()
         except TRANSPORT_ERRORS as exc:
-            raise _transport_failure(worker, exc) from None
+            raise transport_failure(worker, exc) from None
         finally:
             if r is not None:
                 r.close()
@@ -165,7 +131,7 @@ class Dispatcher:
                 # The worker had closed that kept-alive connection: resend on a new one.
                 _follow(asyncio.create_task(self._prefill_half(ex, raw)), outcome)
             else:
-                outcome.set_exception(_transport_failure(ex.prefill, r.error))
+                outcome.set_exception(transport_failure(ex.prefill, r.error))
 
         response.on_done = finished
         outcome.add_done_callback(lambda f: response.close() if f.cancelled() else None)
@@ -194,7 +160,7 @@ class Dispatcher:
                                                  f"{self.first_byte_timeout}s") from None
             except TRANSPORT_ERRORS as exc:
                 self.spawn(self.abort(ex.prefill, ex.rids))
-                raise _transport_failure(ex.decode, exc) from None
+                raise transport_failure(ex.decode, exc) from None
             if response.status >= 400:
                 try:
                     payload = await response.read()
@@ -203,7 +169,7 @@ class Dispatcher:
                 finally:
                     response.close()
                 self.spawn(self.abort(ex.prefill, ex.rids))
-                raise _status_failure(ex.decode, response.status, payload)
+                raise status_failure(ex.decode, response.status, payload)
             passthrough = {k: response.headers[k] for k in ("content-type", "content-encoding") if k in response.headers}
             if ex.stream:
                 handed_over = True
@@ -215,7 +181,7 @@ class Dispatcher:
                 raise
             except TRANSPORT_ERRORS as exc:
                 self.spawn(self.abort(ex.prefill, ex.rids))
-                raise _transport_failure(ex.decode, exc) from None
+                raise transport_failure(ex.decode, exc) from None
             finally:
                 response.close()
             if ex.merge_logprobs:
@@ -265,7 +231,7 @@ class Dispatcher:
                 yield self._stream_failed(ex, failure)
             except TRANSPORT_ERRORS as exc:
                 self.spawn(self.abort(ex.prefill, ex.rids))
-                yield self._stream_failed(ex, _transport_failure(ex.decode, exc))
+                yield self._stream_failed(ex, transport_failure(ex.decode, exc))
         except (asyncio.CancelledError, GeneratorExit):
             if not completed:  # the client disconnected mid-stream
                 self.spawn(self.abort(ex.prefill, ex.rids))

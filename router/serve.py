@@ -15,8 +15,9 @@ import orjson
 from pdcluster.http import ApiError, check_bearer, parse_json_object
 from pdcluster.protocol import Role
 from router.config import RouterConfig
-from router.dispatch import Dispatcher, Exchange, HalfFailed
+from router.dispatch import Dispatcher, Exchange
 from router.edge import Answer, EdgeRequest, StreamAnswer, error_answer
+from router.failures import HalfFailed
 from router.logprobs import wants_logprobs
 from router.metrics import RouterMetrics
 from router.policies import Policy, RequestHint

@@ -1,0 +1,44 @@
+"""What a failed half means to the client: the status it gets, and whether the router tries a new pair."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdcluster.protocol import Role
+from router.failures import status_failure, transport_failure
+from router.upstream import ConnectFailed, ConnectionDropped, ReadTimeout
+from router.workers import Worker
+
+DECODE = Worker("d", Role.DECODE, "http://10.0.0.2:30000")
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "retryable", "fragment"),
+    [
+        (ConnectFailed("connection refused"), 502, True, "decode http://10.0.0.2:30000 unreachable"),
+        (ConnectionDropped("connection closed: by the worker"), 502, True, "ConnectionDropped"),
+        (ReadTimeout("no data for 300s"), 504, False, "timed out: no data for 300s"),  # may still be running
+    ],
+)
+def test_transport_failures(error, status, retryable, fragment):
+    failure = transport_failure(DECODE, error)
+    assert (failure.status, failure.retryable, failure.transport) == (status, retryable, True)
+    answer = failure.answer()
+    assert answer.status == status and fragment in json.loads(answer.body)["error"]["message"]
+
+
+@pytest.mark.parametrize(("worker_status", "client_status", "retryable"),
+                         [(503, 502, True), (500, 502, True), (429, 429, True), (400, 400, False)])
+def test_status_failures(worker_status, client_status, retryable):
+    failure = status_failure(DECODE, worker_status, b'{"error": {"message": "from the worker"}}')
+    assert (failure.status, failure.retryable, failure.transport) == (client_status, retryable, False)
+
+
+def test_a_workers_own_4xx_reaches_the_client_as_it_is_and_a_5xx_gets_the_routers_error():
+    own = status_failure(DECODE, 400, b'{"error": {"message": "prompt too long"}}').answer()
+    assert own.status == 400 and own.body == b'{"error": {"message": "prompt too long"}}'
+    crashed = status_failure(DECODE, 500, b"Internal Server Error").answer()
+    assert crashed.status == 502
+    assert json.loads(crashed.body)["error"]["message"] == "decode http://10.0.0.2:30000 answered 500"
