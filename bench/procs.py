@@ -121,8 +121,7 @@ def start_fake(name: str, log_dir: Path, chunks: int) -> Proc:
                  log_dir, port)
 
 
-def start_ours(log_dir: Path, prefill: Proc, decode: Proc, log_level: str = "warning",
-               env: dict[str, str] | None = None, workers: int = 1) -> Proc:
+def start_ours(log_dir: Path, prefill: Proc, decode: Proc, log_level: str = "warning", workers: int = 1) -> Proc:
     port = free_port()
     config = log_dir / "router.yaml"
     config.write_text(
@@ -131,7 +130,7 @@ def start_ours(log_dir: Path, prefill: Proc, decode: Proc, log_level: str = "war
         f"prefill: [{{url: \"{prefill.url}\", bootstrap_port: {BOOTSTRAP_PORT}}}]\n"
         f"decode: [{{url: \"{decode.url}\"}}]\n"
         f"prefill_policy: round_robin\ndecode_policy: round_robin\nlog_level: {log_level}\nworkers: {workers}\n")
-    return start("router_ours", [sys.executable, "-m", "router", "--config", str(config)], log_dir, port, env)
+    return start("router_ours", [sys.executable, "-m", "router", "--config", str(config)], log_dir, port)
 
 
 def start_sglang(log_dir: Path, prefill: Proc, decode: Proc) -> Proc:

@@ -6,15 +6,12 @@ httptools, FastAPI's built-in OpenTelemetry hooks on or off), a bare ASGI functi
 with httpx, httpx2 (pydantic's fork with a reworked connection pool), aiohttp's ClientSession, pyreqwest (Rust's
 reqwest) or the router's own client (router/upstream.py) as the client; and SGLang's Rust router ("sglang"). Writes bench/results/relay_experiment.json and prints a table.
 
-The httptools variants run when httptools is importable, or from a directory given with `--extra-path` (e.g.
-after `pip install --target /tmp/httptools httptools`; used only by the processes of those variants).
-"router" is the router as the working tree runs it (its own choice of uvicorn parser and HTTP client).
+"router" is the router as the working tree runs it (its own uvicorn protocol and HTTP client, one process).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
@@ -28,7 +25,6 @@ from bench.router import RESULTS, measure, print_header, print_row, wait_for_qui
 VARIANTS = {
     "direct": None,
     "router": ("router", None),
-    "router+httptools": ("router", "httptools"),
     "fastapi+httpx": ("fastapi", "httpx"),
     "fastapi+httpx2": ("fastapi", "httpx2"),
     "fastapi+aiohttp": ("fastapi", "aiohttp"),
@@ -41,20 +37,16 @@ VARIANTS = {
     "asgi+upstream": ("asgi-httptools", "upstream"),
     "sglang": ("sglang", None),
 }
-NEEDS_HTTPTOOLS = ("router+httptools", "fastapi-httptools+aiohttp", "fastapi-httptools-notelemetry+aiohttp")
-
-
-def start_variant(name: str, logs: Path, prefill: procs.Proc, decode: procs.Proc, extra_path: str | None):
+def start_variant(name: str, logs: Path, prefill: procs.Proc, decode: procs.Proc):
     server, client = VARIANTS[name]
-    env = {"PYTHONPATH": f"{extra_path}:{procs.ROOT}"} if name in NEEDS_HTTPTOOLS and extra_path else None
     if server == "sglang":
         return procs.start_sglang(logs, prefill, decode)
-    if server == "router":  # with env: the same router and config, only httptools importable (uvicorn picks it)
-        return procs.start_ours(logs, prefill, decode, env=env)
+    if server == "router":
+        return procs.start_ours(logs, prefill, decode)
     port = procs.free_port()
     argv = [sys.executable, "-m", "bench.relay", "--server", server, "--client", client, "--port", str(port),
             "--prefill", prefill.url, "--decode", decode.url]
-    return procs.start(f"relay_{name}", argv, logs, port, env)
+    return procs.start(f"relay_{name}", argv, logs, port)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,15 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--modes", nargs="+", default=["plain", "stream"], choices=["plain", "stream"])
     parser.add_argument("--chunks", type=int, default=16)
-    parser.add_argument("--extra-path", help="a directory with httptools installed (for the httptools variants)")
     parser.add_argument("--out", type=Path, default=RESULTS / "relay_experiment.json")
     parser.add_argument("--quiet-wait", type=float, default=60, help="wait up to this long for an idle machine")
     args = parser.parse_args(argv)
-    have_httptools = bool(args.extra_path) or importlib.util.find_spec("httptools") is not None
-    variants = [v for v in args.variants if v not in NEEDS_HTTPTOOLS or have_httptools]
-    skipped = sorted(set(args.variants) - set(variants))
-    if skipped:
-        print(f"relay_experiment: skipping {skipped} (httptools is not importable)", flush=True)
+    variants = args.variants
     logs = Path(tempfile.mkdtemp(prefix="bench-relay-"))
     machine = report.machine()
     machine["cores_busy_before_start"] = wait_for_quiet(args.quiet_wait)
@@ -85,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             procs.wait_ready(fake, lambda f=fake: procs.request(f.port, "GET", "/health")[0] == 200, 30)
         print_header()
         for name in variants:  # one variant at a time: only the fakes and that relay are running
-            proc = None if name == "direct" else start_variant(name, logs, prefill, decode, args.extra_path)
+            proc = None if name == "direct" else start_variant(name, logs, prefill, decode)
             try:
                 port = decode.port
                 if proc is not None:
@@ -123,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({
         "experiment": "minimal PD relays vs our router, on fake workers (bench/relay.py)",
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "chunks_per_stream": args.chunks,
-                     "variants": {v: VARIANTS[v] for v in variants}, "skipped": skipped,
-                     "httptools_from": args.extra_path},
+                     "variants": {v: VARIANTS[v] for v in variants}},
         "machine": {**machine, "git_commit_at_end": report.git("rev-parse", "HEAD")},
         "date_end": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "summary_cpu_ms_per_request": summary, "cells": cells,
