@@ -37,6 +37,8 @@ VARIANTS = {
     "asgi+upstream": ("asgi-httptools", "upstream"),
     "sglang": ("sglang", None),
 }
+
+
 def start_variant(name: str, logs: Path, prefill: procs.Proc, decode: procs.Proc):
     server, client = VARIANTS[name]
     if server == "sglang":
@@ -60,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "relay_experiment.json")
     parser.add_argument("--quiet-wait", type=float, default=60, help="wait up to this long for an idle machine")
     args = parser.parse_args(argv)
-    variants = args.variants
     logs = Path(tempfile.mkdtemp(prefix="bench-relay-"))
     machine = report.machine()
     machine["cores_busy_before_start"] = wait_for_quiet(args.quiet_wait)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         for fake in (prefill, decode):
             procs.wait_ready(fake, lambda f=fake: procs.request(f.port, "GET", "/health")[0] == 200, 30)
         print_header()
-        for name in variants:  # one variant at a time: only the fakes and that relay are running
+        for name in args.variants:  # one variant at a time: only the fakes and that relay are running
             proc = None if name == "direct" else start_variant(name, logs, prefill, decode)
             try:
                 port = decode.port
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({
         "experiment": "minimal PD relays vs our router, on fake workers (bench/relay.py)",
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup, "chunks_per_stream": args.chunks,
-                     "variants": {v: VARIANTS[v] for v in variants}},
+                     "variants": {v: VARIANTS[v] for v in args.variants}},
         "machine": {**machine, "git_commit_at_end": report.git("rev-parse", "HEAD")},
         "date_end": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "summary_cpu_ms_per_request": summary, "cells": cells,

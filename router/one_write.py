@@ -52,13 +52,18 @@ class _OneWriteCycle(RequestResponseCycle):
 
     async def send(self, message: Any) -> None:
         held = self.transport
-        held.holding = message["type"] == "http.response.start" and not self.response_started
+        if self.response_started:  # the body: its write carries the held head along
+            await super().send(message)
+            if self.response_complete:
+                held.flush()  # no body write took the head (a HEAD request's answer)
+            return
+        held.holding = True  # the head: uvicorn builds and checks it, _HeadHeld keeps it
         try:
             await super().send(message)
         finally:
             held.holding = False
-        if self.chunked_encoding or self.response_complete:
-            held.flush()
+        if self.chunked_encoding:
+            held.flush()  # a stream's head goes at once
 
 
 class OneWriteProtocol(HttpToolsProtocol):
