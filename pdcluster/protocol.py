@@ -48,6 +48,9 @@ class WorkerRegistration(_Strict):
     tp_size: int = Field(default=1, ge=1)
     dp_size: int = Field(default=1, ge=1)
     max_total_tokens: int | None = Field(default=None, ge=1)
+    # From a local model folder's config.json (context_length: SGLang's --context-length when set); None: unknown.
+    vocab_size: int | None = Field(default=None, ge=1)
+    context_length: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _prefill_has_bootstrap(self) -> WorkerRegistration:

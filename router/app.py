@@ -48,7 +48,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
     state: dict[str, Any] = {}
 
     def on_failure(failure: HalfFailed) -> None:
-        if failure.status >= 500 or failure.status == 429:
+        if failure.counts_against_worker:
             failure.worker.breaker.on_failure()
         if failure.transport:  # unreachable or dropped the connection: out of rotation until a probe succeeds
             health.mark_failed(failure.worker, threshold=1)
@@ -89,7 +89,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         try:
             upstream = await state["client"].get(f"{worker.url}{path}", timeout=10.0)
         except httpx.HTTPError as exc:
-            raise ApiError(502, f"decode {worker.url} failed: {type(exc).__name__}") from None
+            raise ApiError(502, f"decode {worker.worker_id} did not answer") from None
         return Response(upstream.content, status_code=upstream.status_code,
                         media_type=upstream.headers.get("content-type", "application/json"))
 

@@ -1,5 +1,10 @@
 """A per-worker circuit breaker: after `threshold` consecutive failures a worker gets no traffic for `cooldown`
-seconds, then one trial request (half-open); its success closes the breaker, its failure opens it again."""
+seconds, then one trial request (half-open); its success closes the breaker, its failure opens it again.
+
+Every attempt ends in `on_end`, whatever became of it (a 4xx, a client that left, a timeout, the other half's
+failure): a trial that proved nothing frees the slot for the next one instead of keeping the worker out for good.
+A successful health probe after the cooldown counts as a successful trial.
+"""
 
 from __future__ import annotations
 
@@ -44,3 +49,11 @@ class CircuitBreaker:
         self._trial_in_flight = False
         if self.failures >= self.threshold or self._opened_at is not None:
             self._opened_at = self._clock()
+
+    def on_end(self) -> None:
+        """The attempt is over; if it settled nothing, the next request may be the trial."""
+        self._trial_in_flight = False
+
+    def on_probe_success(self) -> None:
+        if self.state is BreakerState.HALF_OPEN:
+            self.on_success()

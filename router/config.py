@@ -16,6 +16,10 @@ class StaticWorker(BaseModel):
     # A prefill's SGLang KV bootstrap server (what decode fetches KV metadata from).
     bootstrap_host: str | None = None
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    # The model's vocabulary size and context length: token ids in requests are checked against them (discovered
+    # workers register theirs; without vocab_size, requests given as token ids are refused).
+    vocab_size: int | None = Field(default=None, ge=1)
+    context_length: int | None = Field(default=None, ge=1)
 
     @field_validator("url")
     @classmethod
@@ -44,6 +48,9 @@ class RouterConfig(BaseModel):
     connect_timeout: float = Field(default=5.0, gt=0)
     # Longest wait for the decode's response to start (headers; for a stream, before any token).
     first_byte_timeout: float = Field(default=300.0, gt=0)
+    # Longest wait for a stream's first event once its answer has started (SGLang starts a stream before the first
+    # token is computed, so first_byte_timeout alone would not bound it).
+    first_token_timeout: float = Field(default=300.0, gt=0)
     # Longest wait for the next byte from a worker (a streamed token, or a whole non-streamed answer).
     read_timeout: float = Field(default=600.0, gt=0)
     # Longest a whole request may take, streamed or not.
@@ -61,6 +68,9 @@ class RouterConfig(BaseModel):
     unhealthy_threshold: int = Field(default=2, ge=1)
     # Router processes sharing the port (SO_REUSEPORT), one core each at most: see router/processes.py.
     workers: int = Field(default=1, ge=1, le=64)
+    # Answers name the pair that served them (X-Pdcluster-Prefill/-Decode) only when this is on: worker ids are
+    # internal names of the cluster.
+    expose_worker_ids: bool = False
     log_level: str = "warning"
     # json: one JSON object per line (for log pipelines); text: human-readable lines.
     log_format: Literal["json", "text"] = "json"

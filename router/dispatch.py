@@ -23,7 +23,7 @@ from pdcluster.http import error_body
 from router import logprobs
 from router.edge import Answer, StreamAnswer
 from router.metrics import RouterMetrics
-from router.failures import TRANSPORT_ERRORS, HalfFailed, status_failure, transport_failure
+from router.failures import TRANSPORT_ERRORS, DeadlinePassed, HalfFailed, status_failure, transport_failure
 from router.upstream import ConnectionDropped, UpstreamClient, UpstreamResponse
 from router.workers import Worker
 
@@ -70,7 +70,11 @@ class Exchange:
     rids: list[str]
     stream: bool
     headers: dict[str, str]
+    request_id: str = ""
     merge_logprobs: bool = False
+    deadline: float = float("inf")  # time.monotonic() by which the whole request must be over (total_timeout)
+    total_timeout: float = 0.0
+    first_token_timeout: float | None = None  # a stream's first event must come within this many seconds
     started: float = field(default_factory=time.monotonic)
 
 
@@ -86,7 +90,12 @@ class Dispatcher:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def abort(self, worker: Worker, rids: list[str]) -> None:
+    def abort(self, ex: Exchange, *workers: Worker) -> None:
+        """Free the KV slots of this attempt on `workers` now, in the background (SGLang's /abort_request)."""
+        for worker in workers:
+            self.spawn(self._abort(worker, ex.rids, ex.request_id))
+
+    async def _abort(self, worker: Worker, rids: list[str], request_id: str) -> None:
         for rid in rids:
             self.metrics.aborts.labels(worker.role.value).inc()
             try:
@@ -94,9 +103,11 @@ class Dispatcher:
                     response = await self.client.request("POST", worker.url, "/abort_request",
                                                          orjson.dumps({"rid": rid}), _JSON)
                     await response.read()
-                log.info("abort sent", extra={"rid": rid, "role": worker.role.value, "worker": worker.url})
+                log.info("abort sent", extra={"request_id": request_id, "rid": rid, "role": worker.role.value,
+                                              "worker": worker.url})
             except TRANSPORT_ERRORS as exc:
-                log.warning("abort failed", extra={"rid": rid, "worker": worker.url, "error": repr(exc)})
+                log.warning("abort failed", extra={"request_id": request_id, "rid": rid, "worker": worker.url,
+                                                   "error": repr(exc)})
 
     async def _prefill_half(self, ex: Exchange, body: bytes) -> bytes:
         worker = ex.prefill
@@ -137,29 +148,40 @@ class Dispatcher:
         outcome.add_done_callback(lambda f: response.close() if f.cancelled() else None)
         return outcome
 
+    async def _prefill_answer(self, ex: Exchange, prefill_task: asyncio.Future) -> bytes:
+        """The prefill's own answer (for its input logprobs), which may trail the decode's by a moment."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(prefill_task), _PREFILL_GRACE)
+        except TimeoutError:
+            raise HalfFailed(ex.prefill, 504, f"prefill {ex.prefill.worker_id} did not answer within "
+                                              f"{_PREFILL_GRACE:.0f}s of the decode") from None
+
     async def forward(self, ex: Exchange, body: dict[str, Any]) -> Answer | StreamAnswer:
         raw = orjson.dumps(body)
         ex.headers["content-type"] = "application/json"
         ex.prefill.in_flight += 1
         ex.decode.in_flight += 1
-        prefill_task = self._start_prefill(ex, raw)
-        watch = _PrefillWatch()
-        prefill_task.add_done_callback(watch.on_prefill_done)
+        prefill_task: asyncio.Future | None = None
         handed_over = False
         try:
+            try:
+                prefill_task = self._start_prefill(ex, raw)
+            except TRANSPORT_ERRORS as exc:  # e.g. a worker URL the data plane cannot speak to
+                raise transport_failure(ex.prefill, exc) from None
+            watch = _PrefillWatch()
+            prefill_task.add_done_callback(watch.on_prefill_done)
             try:
                 response = await self.client.request("POST", ex.decode.url, ex.route, raw, ex.headers,
                                                      self.first_byte_timeout, watch.on_sent)
             except HalfFailed:  # the prefill failed first (interrupt): no KV will ever come
-                self.spawn(self.abort(ex.decode, ex.rids))
+                self.abort(ex, ex.decode)
                 raise
             except TimeoutError:
-                self.spawn(self.abort(ex.decode, ex.rids))
-                self.spawn(self.abort(ex.prefill, ex.rids))
-                raise HalfFailed(ex.decode, 504, f"decode {ex.decode.url} sent no headers in "
-                                                 f"{self.first_byte_timeout}s") from None
+                self.abort(ex, ex.decode, ex.prefill)
+                raise HalfFailed(ex.decode, 504, f"decode {ex.decode.worker_id} sent no answer within "
+                                                 f"first_byte_timeout ({self.first_byte_timeout}s)") from None
             except TRANSPORT_ERRORS as exc:
-                self.spawn(self.abort(ex.prefill, ex.rids))
+                self.abort(ex, ex.prefill)
                 raise transport_failure(ex.decode, exc) from None
             if response.status >= 400:
                 try:
@@ -168,7 +190,7 @@ class Dispatcher:
                     payload = b""
                 finally:
                     response.close()
-                self.spawn(self.abort(ex.prefill, ex.rids))
+                self.abort(ex, ex.prefill)
                 raise status_failure(ex.decode, response.status, payload)
             passthrough = {k: response.headers[k] for k in ("content-type", "content-encoding") if k in response.headers}
             if ex.stream:
@@ -177,77 +199,96 @@ class Dispatcher:
             try:
                 payload = await response.read()
             except HalfFailed:
-                self.spawn(self.abort(ex.decode, ex.rids))
+                self.abort(ex, ex.decode)
                 raise
             except TRANSPORT_ERRORS as exc:
-                self.spawn(self.abort(ex.prefill, ex.rids))
+                self.abort(ex, ex.prefill)
                 raise transport_failure(ex.decode, exc) from None
             finally:
                 response.close()
             if ex.merge_logprobs:
-                prefill_payload = await asyncio.wait_for(asyncio.shield(prefill_task), 30)
-                merged = logprobs.merge(json.loads(payload), logprobs.prefill_answer(prefill_payload))
+                merged = logprobs.merge(json.loads(payload),
+                                        logprobs.prefill_answer(await self._prefill_answer(ex, prefill_task)))
                 payload = orjson.dumps(merged)
             return Answer(response.status, payload, passthrough)
         except asyncio.CancelledError:
-            # The client went away before the answer started: free both halves.
-            self.spawn(self.abort(ex.prefill, ex.rids))
-            self.spawn(self.abort(ex.decode, ex.rids))
+            # The client went away, or total_timeout passed, before the answer started: free both halves.
+            self.abort(ex, ex.prefill, ex.decode)
             raise
         finally:
             if not handed_over:
                 self._release(ex, prefill_task)
 
-    def _release(self, ex: Exchange, prefill_task: asyncio.Task) -> None:
+    def _release(self, ex: Exchange, prefill_task: asyncio.Future | None) -> None:
         ex.prefill.in_flight -= 1
         ex.decode.in_flight -= 1
-        if not prefill_task.done():
+        if prefill_task is not None and not prefill_task.done():
             # The prefill's own answer may trail the decode's by a moment: let it finish, within reason.
             self._background.add(prefill_task)
             cutoff = asyncio.get_running_loop().call_later(_PREFILL_GRACE, prefill_task.cancel)
 
-            def finished(task: asyncio.Task) -> None:
+            def finished(task: asyncio.Future) -> None:
                 cutoff.cancel()
                 self._background.discard(task)
             prefill_task.add_done_callback(finished)
 
-    async def _relay(self, ex: Exchange, response: UpstreamResponse, prefill_task: asyncio.Task) -> AsyncIterator[bytes]:
-        """Pass the decode's SSE stream through chunk by chunk; end it with an error event if either half fails."""
+    def _deadlines(self, ex: Exchange, response: UpstreamResponse) -> tuple[asyncio.TimerHandle | None, ...]:
+        """Timers that end the stream with a DeadlinePassed: total_timeout, and the first event's deadline."""
+        loop = asyncio.get_running_loop()
+        total = first = None
+        if ex.deadline != float("inf"):
+            total = loop.call_later(max(0.0, ex.deadline - time.monotonic()), response.interrupt, DeadlinePassed(
+                ex.decode, 504, f"request took longer than total_timeout ({ex.total_timeout}s)"))
+        if ex.first_token_timeout is not None:
+            first = loop.call_later(ex.first_token_timeout, response.interrupt, DeadlinePassed(
+                ex.decode, 504, f"no token within first_token_timeout ({ex.first_token_timeout}s)"))
+        return total, first
+
+    async def _relay(self, ex: Exchange, response: UpstreamResponse, prefill_task: asyncio.Future) -> AsyncIterator[bytes]:
+        """Pass the decode's SSE stream through chunk by chunk; end it with an error event if either half fails or
+        a deadline passes."""
         completed, first = False, True
+        total_timer, first_timer = self._deadlines(ex, response)
         chunks = response.iter_chunks() if not ex.merge_logprobs else _sse_events(response)
         try:
             try:
                 async for chunk in chunks:
                     if first:
+                        if first_timer is not None:
+                            first_timer.cancel()
                         self.metrics.ttft.labels(ex.route).observe(time.monotonic() - ex.started)
                         if ex.merge_logprobs:
-                            prefill = logprobs.prefill_answer(await asyncio.wait_for(asyncio.shield(prefill_task), 30))
+                            prefill = logprobs.prefill_answer(await self._prefill_answer(ex, prefill_task))
                             chunk = logprobs.merge_first_event(chunk, prefill)
                         first = False
                     yield chunk
                 completed = True
+            except DeadlinePassed as failure:
+                self.abort(ex, ex.prefill, ex.decode)
+                yield self._stream_failed(ex, failure)
             except HalfFailed as failure:  # the prefill failed mid-stream (interrupt)
-                self.spawn(self.abort(ex.decode, ex.rids))
+                self.abort(ex, ex.decode)
                 yield self._stream_failed(ex, failure)
             except TRANSPORT_ERRORS as exc:
-                self.spawn(self.abort(ex.prefill, ex.rids))
+                self.abort(ex, ex.prefill)
                 yield self._stream_failed(ex, transport_failure(ex.decode, exc))
         except (asyncio.CancelledError, GeneratorExit):
             if not completed:  # the client disconnected mid-stream
-                self.spawn(self.abort(ex.prefill, ex.rids))
-                self.spawn(self.abort(ex.decode, ex.rids))
+                self.abort(ex, ex.prefill, ex.decode)
             raise
         finally:
+            for timer in (total_timer, first_timer):
+                if timer is not None:
+                    timer.cancel()
             response.close()
             self._release(ex, prefill_task)
             self.metrics.latency.labels(ex.route).observe(time.monotonic() - ex.started)
 
     def _stream_failed(self, ex: Exchange, failure: HalfFailed) -> bytes:
-        self.on_failure(failure)
-        log.warning("stream broke", extra={"rids": ex.rids, "error": failure.message})
-        return self._error_event(ex, failure)
-
-    def _error_event(self, ex: Exchange, failure: HalfFailed) -> bytes:
+        if not isinstance(failure, DeadlinePassed):
+            self.on_failure(failure)
+        log.warning("stream broke", extra={"request_id": ex.request_id, "rids": ex.rids, "error": failure.message,
+                                           "detail": failure.detail})
         self.metrics.stream_errors.labels(ex.route).inc()
         return f"data: {json.dumps(error_body(failure.status, failure.message))}\n\n".encode()
 

@@ -57,6 +57,7 @@ async def probe(worker: Worker, client: httpx.AsyncClient, config: RouterConfig)
         if not worker.probe_healthy:
             log.warning("worker readmitted", extra={"role": worker.role.value, "worker": worker.url})
         worker.probe_healthy, worker.failed_probes = True, 0
+        worker.breaker.on_probe_success()  # SGLang's /health generates a token: as good a trial as a request
     else:
         mark_failed(worker, config.unhealthy_threshold)
 

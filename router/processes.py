@@ -36,7 +36,6 @@ def serve(config: RouterConfig, sock: socket.socket | None = None) -> int:
     import uvicorn
 
     from router.app import create_app
-    from router.one_write import OneWriteProtocol
 
     app = create_app(config)
     # The objects made at start-up live for good: keep them out of the collector's way, and collect less often
@@ -46,7 +45,7 @@ def serve(config: RouterConfig, sock: socket.socket | None = None) -> int:
     gc.set_threshold(10_000, 10, 10)
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
-        loop="uvloop", http=OneWriteProtocol,  # uvloop + httptools, the fast pair (bench/README.md), one write an answer
+        loop="uvloop", http="httptools",  # the fast pair (bench/README.md)
         proxy_headers=False,  # the router reads no client address; X-Forwarded-* headers are passed on as they are
     ))
     server.run(sockets=[sock] if sock else None)

@@ -1,5 +1,10 @@
-"""The fields a PD pair needs in every request: where the prefill's KV bootstrap server is, and a room number
-that both halves key their transfer state by, plus a request id that lets the router abort either half."""
+"""The fields a PD pair needs in every request: where the prefill's KV bootstrap server is, a room number that both
+halves key their transfer state by, and the request ids (rids) the router aborts either half by.
+
+Every rid SGLang sees is made here, fresh for every attempt and every batch item, and all of the same length:
+SGLang aborts every request whose rid *starts with* the given one, so a rid chosen by a client, or one that is a
+prefix of another, could abort other clients' requests. A client's own id is only logged and echoed back.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,8 @@ from typing import Any
 from router.workers import Worker
 
 _ROOM_BITS = 63  # SGLang keys transfers by a non-negative 63-bit room
-# Rooms and request ids must be unique, not secret (SGLang's own router draws rooms from `random` too); seeded
-# from os.urandom per process, without a system call per request as `secrets` and uuid4 make.
+# Rooms and rids must be unique, not secret (SGLang's own router draws rooms from `random` too); seeded from
+# os.urandom per process, without a system call per request as `secrets` and uuid4 make.
 _rng = random.Random()
 
 
@@ -18,23 +23,22 @@ def new_room() -> int:
     return _rng.getrandbits(_ROOM_BITS)
 
 
-def inject_pd_fields(body: dict[str, Any], prefill: Worker, batch_size: int | None, request_id: str) -> list[str]:
-    """Add bootstrap_host/port/room (lists for a batch: one room per item) and rid; return the rids to abort by.
+def new_rid() -> str:
+    """32 hex digits: fixed length, so no rid is a prefix of another; 128 random bits, so none repeats."""
+    return f"{_rng.getrandbits(128):032x}"
 
-    A client's own rid is kept, so the client can still abort by it."""
+
+def inject_pd_fields(body: dict[str, Any], prefill: Worker, batch_size: int | None) -> list[str]:
+    """Add bootstrap_host/port/room (lists for a batch: one room per item) and fresh rids (replacing any the client
+    sent); return the rids to abort by."""
     if batch_size is None:
         body["bootstrap_host"] = prefill.bootstrap_host
         body["bootstrap_port"] = prefill.bootstrap_port
         body["bootstrap_room"] = new_room()
-        body.setdefault("rid", request_id)
-        return [body["rid"]]
+        body["rid"] = rid = new_rid()
+        return [rid]
     body["bootstrap_host"] = [prefill.bootstrap_host] * batch_size
     body["bootstrap_port"] = [prefill.bootstrap_port] * batch_size
     body["bootstrap_room"] = [new_room() for _ in range(batch_size)]
-    if body.get("rid") is None:
-        body["rid"] = [f"{request_id}-{i}" for i in range(batch_size)]
-    return list(body["rid"])
-
-
-def new_request_id() -> str:
-    return f"{_rng.getrandbits(128):032x}"
+    body["rid"] = rids = [new_rid() for _ in range(batch_size)]
+    return list(rids)

@@ -21,8 +21,8 @@ from router.failures import HalfFailed
 from router.logprobs import wants_logprobs
 from router.metrics import RouterMetrics
 from router.policies import Policy, RequestHint
-from router.rooms import inject_pd_fields, new_request_id
-from router.validation import Checked
+from router.rooms import inject_pd_fields, new_rid
+from router.validation import CLIENT_ID, Checked, ModelLimits, check_token_ids, client_request_id
 from router.workers import Worker, WorkerPool
 
 log = logging.getLogger("pdcluster.router")
@@ -57,12 +57,14 @@ class PdService:
 
     async def serve(self, request: EdgeRequest, route: str, check: Check) -> Answer | StreamAnswer:
         started = time.monotonic()
-        request_id = request.headers.get("x-request-id") or new_request_id()
+        request_id = request.headers.get("x-request-id")
         try:
+            request_id = client_request_id(request_id) if request_id is not None else new_rid()
             async with asyncio.timeout(self.config.total_timeout):
-                answer = await self.attempts(request, route, check, request_id)
+                answer = await self.attempts(request, route, check, request_id, started)
         except ApiError as exc:
             answer = error_answer(exc.status, exc.message, exc.param)
+            request_id = request_id if isinstance(request_id, str) and CLIENT_ID.fullmatch(request_id) else new_rid()
         except TimeoutError:
             answer = error_answer(504, f"request took longer than total_timeout ({self.config.total_timeout}s)")
         answer.headers["x-request-id"] = request_id
@@ -75,25 +77,30 @@ class PdService:
                                         "ms": round((time.monotonic() - started) * 1000, 1), "streaming": streaming})
         return answer
 
-    async def attempts(self, request: EdgeRequest, route: str, check: Check, request_id: str) -> Answer | StreamAnswer:
+    async def attempts(self, request: EdgeRequest, route: str, check: Check, request_id: str,
+                       started: float) -> Answer | StreamAnswer:
         config = self.config
         check_bearer(request, self.api_key)
         raw = await request.body(config.max_body_bytes)
         original = parse_json_object(raw, orjson.loads)
         checked = check(original)
+        if checked.client_rid and log.isEnabledFor(logging.INFO):
+            log.info("client id", extra={"request_id": request_id, "client_rid": checked.client_rid})
+        hint = RequestHint(checked.hint)
         tried: set[str] = set()
         for attempt in range(config.max_attempts):
-            prefill, decode = self.choose_pair(RequestHint(checked.prompt), tried)
+            prefill, decode = self.choose_pair(hint, tried)
+            check_token_ids(checked, pair_limits(prefill, decode))
             body = original if attempt == 0 else orjson.loads(raw)  # a fresh copy: attempt 0 may have changed it
-            suffix = f"-retry{attempt}" if attempt else ""
-            if suffix and body.get("rid") is not None:  # a retried rid must not collide with the aborted one
-                body["rid"] = [r + suffix for r in body["rid"]] if isinstance(body["rid"], list) else body["rid"] + suffix
-            rids = inject_pd_fields(body, prefill, checked.batch_size, request_id + suffix)
+            rids = inject_pd_fields(body, prefill, checked.batch_size)
             if log.isEnabledFor(logging.INFO):
                 log.info("dispatch", extra={"request_id": request_id, "route": route, "attempt": attempt,
-                                            "prefill": prefill.url, "decode": decode.url, "stream": checked.stream})
+                                            "prefill": prefill.url, "decode": decode.url, "stream": checked.stream,
+                                            "rids": rids})
             exchange = Exchange(prefill, decode, route, rids, checked.stream, {"x-request-id": request_id},
-                                merge_logprobs=route == "/generate" and wants_logprobs(original))
+                                request_id, merge_logprobs=route == "/generate" and wants_logprobs(original),
+                                deadline=started + config.total_timeout, total_timeout=config.total_timeout,
+                                first_token_timeout=config.first_token_timeout)
             prefill.breaker.on_attempt()
             decode.breaker.on_attempt()
             try:
@@ -101,16 +108,28 @@ class PdService:
             except HalfFailed as failure:
                 self.dispatcher.on_failure(failure)
                 log.warning("attempt failed", extra={"request_id": request_id, "attempt": attempt,
-                                                     "error": failure.message, "retryable": failure.retryable})
+                                                     "error": failure.message, "detail": failure.detail,
+                                                     "retryable": failure.retryable})
                 if not failure.retryable or attempt + 1 == config.max_attempts:
                     return failure.answer()
                 tried.add(failure.worker.worker_id)
                 self.metrics.retries.labels(route).inc()
                 await asyncio.sleep(config.retry_backoff * (2**attempt) * (0.5 + random.random()))
                 continue
+            finally:
+                prefill.breaker.on_end()
+                decode.breaker.on_end()
             prefill.breaker.on_success()
             decode.breaker.on_success()
-            answer.headers["x-pdcluster-prefill"] = prefill.worker_id
-            answer.headers["x-pdcluster-decode"] = decode.worker_id
+            if config.expose_worker_ids:
+                answer.headers["x-pdcluster-prefill"] = prefill.worker_id
+                answer.headers["x-pdcluster-decode"] = decode.worker_id
             return answer
         raise AssertionError("unreachable: the last attempt returns")
+
+
+def pair_limits(prefill: Worker, decode: Worker) -> ModelLimits:
+    """What both halves can take (the smaller of what each registered)."""
+    vocab = [w.vocab_size for w in (prefill, decode) if w.vocab_size is not None]
+    context = [w.context_length for w in (prefill, decode) if w.context_length is not None]
+    return ModelLimits(min(vocab) if vocab else None, min(context) if context else None)

@@ -1,21 +1,41 @@
 """Request checks the router makes before any worker sees a request.
 
-Only what would otherwise make a worker fail late, hang, or answer a 500 is checked here; everything else passes
-through untouched (extra fields are allowed), so every option SGLang supports keeps working.
+Only what would otherwise make a worker fail late, hang, crash, or answer a 500 is checked here; everything else
+passes through untouched (extra fields are allowed), so every option SGLang supports keeps working.
+
+Two stages, because what is valid depends on the model: `check_*` reads the body's shape (cheap: no per-token work,
+so a 30 MiB body costs its JSON parse and little more), and `check_token_ids` compares the prompt's token ids with
+the vocabulary and context length of the pair chosen to serve it. SGLang 0.5.23 indexes its embedding with a
+client's ids without a bounds check: one id out of range crashes the scheduler and takes the worker down.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
 from pdcluster.http import ApiError, first_validation_problem
 
+# A client's request id is echoed back and logged, never sent to SGLang (which aborts by rid prefix).
+CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+HINT_CHARS = 2048  # how much of a prompt the prefix policy keys on
+
+
+def client_request_id(value: str) -> str:
+    if not CLIENT_ID.fullmatch(value):
+        raise ApiError(400, "X-Request-ID must be 1-128 characters of A-Z a-z 0-9 . _ : @ / + = -", "X-Request-ID")
+    return value
+
 
 class _Passthrough(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
+
+
+ClientRid = Field(default=None, description="the client's own id: logged, never sent to SGLang")
 
 
 class SamplingParams(_Passthrough):
@@ -28,10 +48,11 @@ class SamplingParams(_Passthrough):
 
 class GenerateRequest(_Passthrough):
     text: StrictStr | list[StrictStr] | None = None
-    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    # Shape only (a list, or a list of lists): the ids themselves are checked per pair, see check_token_ids.
+    input_ids: list[Any] | None = None
     sampling_params: SamplingParams | list[SamplingParams] | None = None
     stream: StrictBool = False
-    rid: StrictStr | list[StrictStr] | None = None
+    rid: StrictStr | list[StrictStr] | None = ClientRid
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
@@ -45,19 +66,18 @@ class GenerateRequest(_Passthrough):
         inputs = self.text if self.text is not None else self.input_ids
         if isinstance(inputs, list) and len(inputs) == 0:
             raise ValueError(f"{given[0]} is empty")
-        if isinstance(self.input_ids, list) and any(isinstance(i, list) and not i for i in self.input_ids):
-            raise ValueError("input_ids has an empty sequence")
         return self
 
 
 class CompletionRequest(_Passthrough):
     model: StrictStr | None = None
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    prompt: StrictStr | list[Any]
     max_tokens: int | None = Field(default=None, ge=0)
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int | None = Field(default=None, ge=1)
     stream: StrictBool = False
+    rid: StrictStr | list[StrictStr] | None = ClientRid
 
 
 class ChatMessage(_Passthrough):
@@ -73,15 +93,51 @@ class ChatCompletionRequest(_Passthrough):
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int | None = Field(default=None, ge=1)
     stream: StrictBool = False
+    rid: StrictStr | None = ClientRid
 
 
 @dataclass(frozen=True)
 class Checked:
-    """What the router needs to know about a valid request."""
+    """What the router needs to know about a request whose shape is valid."""
 
     batch_size: int | None  # None: a single request; N: a batch of N items (SGLang wants lists of rooms)
     stream: bool
-    prompt: str  # for prefix-affinity policies
+    hint: str  # at most HINT_CHARS of the prompt, for prefix-affinity policies
+    token_ids: str | None = None  # the field holding prompts given as token ids, if any
+    prompts: tuple[list, ...] = ()  # those prompts, one list of ids each
+    client_rid: str | None = None  # for the logs
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a pair of workers can take: ids must be < vocab_size, a prompt at most context_length tokens."""
+
+    vocab_size: int | None
+    context_length: int | None
+
+
+def check_token_ids(checked: Checked, limits: ModelLimits) -> None:
+    """400 naming the field, the bad id and its position; 503 when the pair's vocabulary is unknown."""
+    if not checked.prompts:
+        return
+    field = checked.token_ids
+    if limits.vocab_size is None:
+        raise ApiError(503, f"{field}: the serving workers' vocabulary size is unknown, so token ids cannot be "
+                            f"checked (static workers need vocab_size in the router config)", field)
+    for item, ids in enumerate(checked.prompts):
+        where = f"{field}[{item}]" if checked.batch_size is not None else field
+        # Length first: it costs nothing, and bounds the per-id work below by the context length.
+        if limits.context_length is not None and len(ids) > limits.context_length:
+            raise ApiError(400, f"{where} has {len(ids)} tokens; the model's context length is "
+                                f"{limits.context_length}", field)
+        if set(map(type, ids)) != {int}:  # bool and float are not token ids
+            position = next(i for i, t in enumerate(ids) if type(t) is not int)
+            raise ApiError(400, f"{where}[{position}] is {orjson.dumps(ids[position]).decode()[:40]}, not a token "
+                                f"id (an integer)", field)
+        if min(ids) < 0 or max(ids) >= limits.vocab_size:
+            position = next(i for i, t in enumerate(ids) if not 0 <= t < limits.vocab_size)
+            raise ApiError(400, f"{where}[{position}] is {ids[position]}: token ids must be in "
+                                f"[0, {limits.vocab_size}) for this model", field)
 
 
 def _parse(model: type[BaseModel], body: dict[str, Any]) -> BaseModel:
@@ -99,36 +155,67 @@ def _refuse_parallel_samples(n: int | None, field: str) -> None:
                        field)
 
 
+def _client_rid(rid: str | list[str] | None, batch_size: int | None) -> str | None:
+    if rid is None:
+        return None
+    if isinstance(rid, list):
+        if len(rid) != (batch_size or 1):
+            raise ApiError(400, f"rid has {len(rid)} items for {batch_size or 1} inputs", "rid")
+        rid = ",".join(rid)
+    return rid[:256]
+
+
+def _id_prompts(value: list, field: str) -> tuple[int | None, tuple[list, ...]]:
+    """(batch size, prompts) of a list of ids or a list of lists of ids; shape errors are 400s."""
+    if isinstance(value[0], list):
+        for i, ids in enumerate(value):
+            if not isinstance(ids, list) or not ids:
+                raise ApiError(400, f"{field}[{i}] must be a non-empty list of token ids", field)
+        return len(value), tuple(value)
+    return None, (value,)
+
+
+def _ids_hint(ids: list) -> str:
+    return orjson.dumps(ids[:HINT_CHARS // 4]).decode()[:HINT_CHARS]
+
+
 def check_generate(body: dict[str, Any]) -> Checked:
     req = _parse(GenerateRequest, body)
     params = req.sampling_params if isinstance(req.sampling_params, list) else [req.sampling_params]
     for p in params:
         _refuse_parallel_samples(p.n if p else None, "sampling_params.n")
-    batch_size = None
+    batch_size, prompts, hint = None, (), ""
     if isinstance(req.text, list):
-        batch_size = len(req.text)
-    elif req.input_ids and isinstance(req.input_ids[0], list):
-        batch_size = len(req.input_ids)
+        batch_size, hint = len(req.text), req.text[0][:HINT_CHARS]
+    elif req.text is not None:
+        hint = req.text[:HINT_CHARS]
+    elif req.input_ids is not None:
+        batch_size, prompts = _id_prompts(req.input_ids, "input_ids")
+        hint = _ids_hint(prompts[0])
     if isinstance(req.sampling_params, list) and len(req.sampling_params) != (batch_size or 1):
         raise ApiError(400, f"sampling_params has {len(req.sampling_params)} items for {batch_size or 1} inputs",
                        "sampling_params")
-    if isinstance(req.rid, list) and len(req.rid) != (batch_size or 1):
-        raise ApiError(400, f"rid has {len(req.rid)} items for {batch_size or 1} inputs", "rid")
-    prompt = req.text if isinstance(req.text, str) else str(req.input_ids or req.text)
-    return Checked(batch_size, req.stream, prompt)
+    return Checked(batch_size, req.stream, hint, "input_ids" if prompts else None, prompts,
+                   _client_rid(req.rid, batch_size))
 
 
 def check_completion(body: dict[str, Any]) -> Checked:
     req = _parse(CompletionRequest, body)
     _refuse_parallel_samples(req.n, "n")
     prompt = req.prompt
-    batch = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
-    if isinstance(prompt, list) and not prompt:
+    if isinstance(prompt, str):
+        return Checked(None, req.stream, prompt[:HINT_CHARS], client_rid=_client_rid(req.rid, None))
+    if not prompt:
         raise ApiError(400, "prompt is empty", "prompt")
-    return Checked(len(prompt) if batch else None, req.stream, prompt if isinstance(prompt, str) else str(prompt))
+    if all(isinstance(p, str) for p in prompt):  # a batch of texts
+        return Checked(len(prompt), req.stream, prompt[0][:HINT_CHARS], client_rid=_client_rid(req.rid, len(prompt)))
+    batch_size, prompts = _id_prompts(prompt, "prompt")
+    return Checked(batch_size, req.stream, _ids_hint(prompts[0]), "prompt", prompts, _client_rid(req.rid, batch_size))
 
 
 def check_chat(body: dict[str, Any]) -> Checked:
     req = _parse(ChatCompletionRequest, body)
     _refuse_parallel_samples(req.n, "n")
-    return Checked(None, req.stream, str(body["messages"]))
+    first = body["messages"][0].get("content")
+    hint = first[:HINT_CHARS] if isinstance(first, str) else orjson.dumps(first)[:HINT_CHARS].decode(errors="ignore")
+    return Checked(None, req.stream, hint, client_rid=req.rid)

@@ -19,6 +19,8 @@ class Worker:
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     identity: ModelIdentity | None = None  # None for static workers: compatible with anything
+    vocab_size: int | None = None  # token ids must be below it
+    context_length: int | None = None
     static: bool = False
     # The worker's own launcher reports SGLang's health through the registry; the router checks too.
     registry_healthy: bool = True
@@ -33,15 +35,16 @@ class Worker:
         return self.registry_healthy and self.probe_healthy
 
     @classmethod
-    def from_static(cls, role: Role, spec: StaticWorker) -> Worker:
+    def from_static(cls, role: Role, spec: StaticWorker, index: int) -> Worker:
         url = str(spec.url).rstrip("/")
         host = spec.bootstrap_host or urlparse(url).hostname
-        return cls(f"static-{role.value}-{url}", role, url, host if role is Role.PREFILL else None,
-                   spec.bootstrap_port, static=True)
+        return cls(f"static-{role.value}-{index}", role, url, host if role is Role.PREFILL else None,
+                   spec.bootstrap_port, vocab_size=spec.vocab_size, context_length=spec.context_length, static=True)
 
     @classmethod
     def from_registration(cls, reg: WorkerRegistration) -> Worker:
-        return cls(reg.worker_id, reg.role, reg.base_url, reg.bootstrap_host, reg.bootstrap_port, reg.identity)
+        return cls(reg.worker_id, reg.role, reg.base_url, reg.bootstrap_host, reg.bootstrap_port, reg.identity,
+                   reg.vocab_size, reg.context_length)
 
     def compatible_with(self, other: Worker) -> bool:
         return self.identity is None or other.identity is None or self.identity == other.identity
@@ -58,8 +61,8 @@ class WorkerPool:
         return worker
 
     def add_static(self, role: Role, specs: list[StaticWorker]) -> None:
-        for spec in specs:
-            self._add(Worker.from_static(role, spec))
+        for index, spec in enumerate(specs):
+            self._add(Worker.from_static(role, spec, index))
 
     def sync_discovered(self, rows: list[WorkerStatus], remove_missing: bool = True) -> None:
         """Make the discovered part of the pool equal the registry listing, keeping live counters of known workers.
@@ -71,8 +74,9 @@ class WorkerPool:
             seen.add(reg.worker_id)
             current = self.workers.get(reg.worker_id)
             fresh = Worker.from_registration(reg)
-            if current is None or (current.url, current.bootstrap_port, current.identity) != (
-                fresh.url, fresh.bootstrap_port, fresh.identity):
+            if current is None or (current.url, current.bootstrap_port, current.identity, current.vocab_size,
+                                   current.context_length) != (fresh.url, fresh.bootstrap_port, fresh.identity,
+                                                               fresh.vocab_size, fresh.context_length):
                 current = self._add(fresh)
             current.registry_healthy = row.healthy
             current.incompatible = row.incompatible

@@ -27,6 +27,7 @@ class Behaviour:
     drop_after_chunks: int | None = None  # close the connection mid-stream, like a crashed server
     hang: bool = False  # never answer (until aborted)
     fail_first: int = 0  # answer the first N requests with 503, then behave
+    first_chunk_delay: float = 0.0  # a stream's head goes out at once (as SGLang's does), its first event this late
 
 
 @dataclass
@@ -76,6 +77,8 @@ class FakeWorker:
         return app
 
     async def _stream(self, b: Behaviour):
+        if b.first_chunk_delay:
+            await asyncio.sleep(b.first_chunk_delay)
         for i in range(b.chunks):
             if b.drop_after_chunks is not None and i == b.drop_after_chunks:
                 raise RuntimeError("fake worker crashed mid-stream")  # uvicorn drops the connection

@@ -17,16 +17,19 @@ DECODE = Worker("d", Role.DECODE, "http://10.0.0.2:30000")
 @pytest.mark.parametrize(
     ("error", "status", "retryable", "fragment"),
     [
-        (ConnectFailed("connection refused"), 502, True, "decode http://10.0.0.2:30000 unreachable"),
-        (ConnectionDropped("connection closed: by the worker"), 502, True, "ConnectionDropped"),
-        (ReadTimeout("no data for 300s"), 504, False, "timed out: no data for 300s"),  # may still be running
+        (ConnectFailed("connect to 10.0.0.2:30000 failed: Connection refused"), 502, True, "decode d unreachable"),
+        (ConnectionDropped("connection closed: [Errno 104] Connection reset by peer"), 502, True,
+         "decode d dropped the connection"),
+        (ReadTimeout("no data for 300s"), 504, False, "decode d timed out"),  # may still be running
     ],
 )
-def test_transport_failures(error, status, retryable, fragment):
+def test_transport_failures_name_the_worker_not_its_address_or_the_os_error(error, status, retryable, fragment):
     failure = transport_failure(DECODE, error)
     assert (failure.status, failure.retryable, failure.transport) == (status, retryable, True)
     answer = failure.answer()
-    assert answer.status == status and fragment in json.loads(answer.body)["error"]["message"]
+    message = json.loads(answer.body)["error"]["message"]
+    assert answer.status == status and message == fragment
+    assert "10.0.0.2" in failure.detail and str(error) in failure.detail  # for the log
 
 
 @pytest.mark.parametrize(("worker_status", "client_status", "retryable"),
@@ -41,4 +44,4 @@ def test_a_workers_own_4xx_reaches_the_client_as_it_is_and_a_5xx_gets_the_router
     assert own.status == 400 and own.body == b'{"error": {"message": "prompt too long"}}'
     crashed = status_failure(DECODE, 500, b"Internal Server Error").answer()
     assert crashed.status == 502
-    assert json.loads(crashed.body)["error"]["message"] == "decode http://10.0.0.2:30000 answered 500"
+    assert json.loads(crashed.body)["error"]["message"] == "decode d answered 500"

@@ -1,33 +1,43 @@
 from pdcluster.protocol import Role
-from router.rooms import inject_pd_fields
+from router.rooms import inject_pd_fields, new_rid
 from router.workers import Worker
 
 PREFILL = Worker("p", Role.PREFILL, "http://10.0.0.1:30000", bootstrap_host="10.0.0.1", bootstrap_port=8999)
 
 
-def test_single_request_gets_host_port_room_and_rid():
+def test_single_request_gets_host_port_room_and_a_router_rid():
     body = {"text": "hi"}
-    rids = inject_pd_fields(body, PREFILL, None, "req1")
+    rids = inject_pd_fields(body, PREFILL, None)
     assert body["bootstrap_host"] == "10.0.0.1" and body["bootstrap_port"] == 8999
     assert isinstance(body["bootstrap_room"], int) and 0 <= body["bootstrap_room"] < 2**63
-    assert rids == ["req1"] == [body["rid"]]
+    assert rids == [body["rid"]] and len(body["rid"]) == 32
 
 
-def test_batch_gets_one_distinct_room_per_item():
+def test_batch_gets_one_distinct_room_and_rid_per_item():
     body = {"text": ["a", "b", "c", "d"]}
-    rids = inject_pd_fields(body, PREFILL, 4, "req2")
+    rids = inject_pd_fields(body, PREFILL, 4)
     assert body["bootstrap_host"] == ["10.0.0.1"] * 4 and body["bootstrap_port"] == [8999] * 4
     assert len(set(body["bootstrap_room"])) == 4
-    assert rids == body["rid"] == ["req2-0", "req2-1", "req2-2", "req2-3"]
+    assert rids == body["rid"] and len(set(rids)) == 4
 
 
-def test_client_rid_is_kept_so_the_client_can_still_abort_by_it():
-    body = {"text": "hi", "rid": "mine"}
-    assert inject_pd_fields(body, PREFILL, None, "req3") == ["mine"]
+def test_a_client_rid_never_reaches_sglang():
+    """SGLang aborts by rid prefix: a client's rid ("2", "") would let it abort other clients' requests."""
+    for client_rid in ("2", "", "abc", ["x", "y"]):
+        body = {"text": "hi" if not isinstance(client_rid, list) else ["a", "b"], "rid": client_rid}
+        rids = inject_pd_fields(body, PREFILL, None if not isinstance(client_rid, list) else 2)
+        assert client_rid not in rids and body["rid"] != client_rid
+
+
+def test_no_rid_is_a_prefix_of_another():
+    rids = [new_rid() for _ in range(20_000)]
+    assert len(set(rids)) == len(rids) and {len(r) for r in rids} == {32}
+    ordered = sorted(rids)  # a prefix would sort right before the rid it starts
+    assert not any(b.startswith(a) for a, b in zip(ordered, ordered[1:]))
 
 
 def test_rooms_differ_between_requests():
     bodies = [{"text": "x"} for _ in range(100)]
     for b in bodies:
-        inject_pd_fields(b, PREFILL, None, "r")
+        inject_pd_fields(b, PREFILL, None)
     assert len({b["bootstrap_room"] for b in bodies}) == 100

@@ -46,7 +46,7 @@ def test_both_halves_get_the_same_request_with_pd_fields_and_the_answer_is_decod
     (p_body,), (d_body,) = prefill.received, decode.received
     assert p_body == d_body
     assert p_body["bootstrap_host"] == "127.0.0.1" and p_body["bootstrap_port"] == 8999
-    assert isinstance(p_body["bootstrap_room"], int) and p_body["rid"] == "abc"
+    assert isinstance(p_body["bootstrap_room"], int) and len(p_body["rid"]) == 32  # the router's rid, never a client's
 
 
 def test_sse_chunks_pass_through_as_they_arrive():
@@ -179,7 +179,7 @@ def test_failure_before_the_first_byte_is_retried_on_a_new_attempt():
         assert metric(url, "pdcluster_router_retries_total", route="/generate") == 1
     assert len(prefill.received) == 2
     first, second = (b["rid"] for b in prefill.received)
-    assert second == first + "-retry1" and decode.aborted == [first]
+    assert second != first and len(second) == len(first) and decode.aborted == [first]
 
 
 def test_failure_after_the_first_byte_is_never_retried():

@@ -3,7 +3,7 @@
 import pytest
 
 from pdcluster.http import ApiError
-from router.validation import check_chat, check_completion, check_generate
+from router.validation import HINT_CHARS, ModelLimits, check_chat, check_completion, check_generate, check_token_ids, client_request_id
 
 
 @pytest.mark.parametrize(
@@ -13,7 +13,11 @@ from router.validation import check_chat, check_completion, check_generate
         ({"text": "a", "input_ids": [1, 2]}, "body", "only one of text and input_ids"),
         ({"text": "a", "input_embeds": [[0.1]]}, "body", "only one of text and input_embeds"),
         ({"text": 5}, "text", "text"),
-        ({"input_ids": ["a"]}, "input_ids.0", "input_ids.0"),
+        ({"input_ids": "1 2"}, "input_ids", "input_ids"),
+        ({"input_ids": [[1], 2]}, "input_ids", "input_ids[1] must be a non-empty list"),
+        ({"input_ids": [[1], []]}, "input_ids", "input_ids[1] must be a non-empty list"),
+        ({"text": "a", "rid": 5}, "rid", "rid"),
+        ({"text": ["a", "b"], "rid": ["x"]}, "rid", "1 items for 2 inputs"),
         ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens", "greater than"),
         ({"text": "a", "sampling_params": {"max_new_tokens": "5"}}, "sampling_params.max_new_tokens", "integer"),
         ({"text": "a", "sampling_params": {"temperature": -0.5}}, "sampling_params.temperature", "greater than"),
@@ -52,6 +56,8 @@ def test_valid_generate_bodies_pass_and_report_batches():
         (check_chat, {"model": "m", "messages": []}, "messages"),
         (check_chat, {"model": "m", "messages": [{"content": "hi"}]}, "messages.0.role"),
         (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
+        (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "rid": 7}, "rid"),
+        (check_completion, {"model": "m", "prompt": [[1], "a"]}, "prompt"),
     ],
 )
 def test_bad_openai_bodies_get_400_naming_the_field(check, body, param):
@@ -63,3 +69,59 @@ def test_bad_openai_bodies_get_400_naming_the_field(check, body, param):
 def test_openai_batches():
     assert check_completion({"model": "m", "prompt": ["a", "b"]}).batch_size == 2
     assert check_completion({"model": "m", "prompt": [1, 2, 3]}).batch_size is None
+
+
+LIMITS = ModelLimits(vocab_size=1000, context_length=64)
+
+
+@pytest.mark.parametrize(
+    ("check", "body", "fragment"),
+    [
+        (check_generate, {"input_ids": [999999999]}, "input_ids[0] is 999999999: token ids must be in [0, 1000)"),
+        (check_generate, {"input_ids": [5, -1]}, "input_ids[1] is -1"),
+        (check_generate, {"input_ids": [5, 1000]}, "input_ids[1] is 1000"),
+        (check_generate, {"input_ids": [[1, 2], [3, 4, 1000]], "stream": True}, "input_ids[1][2] is 1000"),
+        (check_generate, {"input_ids": [1, "a"]}, 'input_ids[1] is "a", not a token id'),
+        (check_generate, {"input_ids": [1, 2.0]}, "input_ids[1] is 2.0, not a token id"),
+        (check_generate, {"input_ids": [1, True]}, "input_ids[1] is true, not a token id"),
+        (check_generate, {"input_ids": [[1, [2]]]}, "input_ids[0][1] is [2], not a token id"),
+        (check_generate, {"input_ids": list(range(65))}, "input_ids has 65 tokens; the model's context length is 64"),
+        (check_completion, {"prompt": [1, 4000]}, "prompt[1] is 4000"),
+        (check_completion, {"prompt": [[1], [-7]]}, "prompt[1][0] is -7"),
+    ],
+)
+def test_token_ids_are_checked_against_the_pairs_model(check, body, fragment):
+    checked = check(body)
+    with pytest.raises(ApiError) as caught:
+        check_token_ids(checked, LIMITS)
+    assert caught.value.status == 400 and caught.value.message.startswith(fragment)
+
+
+def test_good_token_ids_pass_and_text_needs_no_limits():
+    check_token_ids(check_generate({"input_ids": [0, 999]}), LIMITS)
+    check_token_ids(check_completion({"prompt": [[0], [999] * 64]}), LIMITS)
+    check_token_ids(check_generate({"text": "x" * 10_000}), ModelLimits(None, None))
+
+
+def test_token_ids_with_an_unknown_vocabulary_are_refused_not_forwarded():
+    with pytest.raises(ApiError) as caught:
+        check_token_ids(check_generate({"input_ids": [1]}), ModelLimits(None, 64))
+    assert caught.value.status == 503 and "vocab_size" in caught.value.message
+
+
+def test_the_prefix_hint_is_bounded():
+    assert len(check_generate({"text": "x" * 1_000_000}).hint) == HINT_CHARS
+    assert len(check_generate({"input_ids": [1] * 1_000_000}).hint) <= HINT_CHARS
+    chat = check_chat({"messages": [{"role": "user", "content": "y" * 1_000_000}]})
+    assert len(chat.hint) == HINT_CHARS
+
+
+@pytest.mark.parametrize("value", ["", "x" * 129, "a b", "é", "a\nb"])
+def test_a_client_request_id_is_limited(value):
+    with pytest.raises(ApiError) as caught:
+        client_request_id(value)
+    assert caught.value.status == 400 and caught.value.param == "X-Request-ID"
+
+
+def test_a_client_request_id_like_a_uuid_is_kept():
+    assert client_request_id("0b8e7a4c-2f0e-4a8e-9c1d-5d6f7e8a9b0c") == "0b8e7a4c-2f0e-4a8e-9c1d-5d6f7e8a9b0c"
