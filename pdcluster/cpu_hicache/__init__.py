@@ -1,0 +1,48 @@
+"""SGLang plugin: lets HiCache (host KV tier + storage backends such as `file`) run on a machine without CUDA.
+
+Entry point `pdcluster_cpu_hicache` in group `sglang.srt.plugins` (pyproject.toml). SGLang's load_plugins() calls
+register() in the launcher and in every scheduler/detokenizer process. It does nothing unless the environment has
+PDCLUSTER_CPU_HICACHE=1 (set by pdcluster's launcher only for CPU workers with HiCache on) and torch sees no CUDA
+device. When active it first checks every SGLang internal it adapts (internals.check), then:
+  1. builds every HiCache host pool with pin_memory=False (pinning needs a CUDA driver; this also covers the file
+     backend's read buffer, which follows the pool's setting);
+  2. binds the three "direct" transfer ops, which SGLang imports from sgl_kernel only on CUDA/ROCm/XPU, to torch
+     index copies (ops.py), for the layer_first and page_first_direct layouts;
+  3. refuses, when the HiCache controller is built, any io backend but `direct` and any other layout.
+An internal missing or changed stops the process at plugin load with a message naming it and the SGLang version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+ENV_VAR = "PDCLUSTER_CPU_HICACHE"
+logger = logging.getLogger(__name__)
+
+
+def active() -> bool:
+    if os.environ.get(ENV_VAR) != "1":
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        logger.info("%s=1 ignored: torch sees a CUDA device, SGLang's own HiCache kernels are used", ENV_VAR)
+        return False
+    return True
+
+
+def register() -> None:
+    """The `sglang.srt.plugins` entry point."""
+    if not active():
+        return
+    from pdcluster.cpu_hicache import internals
+
+    try:
+        patched = internals.apply()
+    except internals.IncompatibleSGLang as exc:
+        # load_plugins() logs and swallows an Exception from a plugin; starting anyway would fail later and less
+        # clearly, so leave as SystemExit, which it does not catch.
+        raise SystemExit(str(exc)) from None
+    if patched:
+        logger.warning("pdcluster cpu_hicache active (no CUDA): patched %s", ", ".join(patched))
