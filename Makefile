@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU machines get Mooncake's non-CUDA build; a machine with an NVIDIA driver gets the CUDA one. Never both.
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
-APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk
+APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
 
 .PHONY: setup system-packages venv model test unit e2e up bench clean
 

@@ -69,3 +69,40 @@ def advertise_address(host: str, configured: str | None) -> str:
         return host
     # In a container this is the address the service name resolves to, which is what peers can reach.
     return socket.gethostbyname(socket.gethostname())
+
+
+# Host layouts the CPU adaptation of HiCache moves (page_first becomes page_first_direct with the direct io backend).
+CPU_HICACHE_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+
+def check_kv_store_dir(path: str) -> None:
+    """The kv_store directory exists or can be created, and a file can be written in it."""
+    directory = Path(path).expanduser()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".pdcluster-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"kv_store.dir {path}: cannot create or write it ({exc.strerror or exc})") from None
+
+
+def check_kv_store(role: str, ns: object, cpu: bool) -> None:
+    """SGLang options that would defeat the KV store (or crash it on CPU), refused before SGLang starts."""
+    if ns.hicache_storage_backend != "file":
+        raise ConfigError(f"hicache-storage-backend {ns.hicache_storage_backend}: kv_store keeps KV in SGLang's file "
+                          f"storage (remove one of the two)")
+    if role == "prefill":
+        if not ns.enable_hierarchical_cache:
+            raise ConfigError("enable-hierarchical-cache false: a prefill's kv_store needs SGLang's HiCache")
+        if ns.hicache_write_policy == "write_back":
+            raise ConfigError("hicache-write-policy write_back leaves a prompt's first pages unwritten in the file "
+                              "storage (sglang #26886): use write_through with kv_store")
+    elif ns.disaggregation_decode_retraction_backup == "host_pool":
+        raise ConfigError("disaggregation-decode-retraction-backup host_pool cannot run with the decode's KV offload "
+                          "(kv_store.decode_offload): use cpu_tensor, or set decode_offload: false")
+    if cpu and ns.hicache_io_backend != "direct":
+        raise ConfigError(f"hicache-io-backend {ns.hicache_io_backend} needs CUDA kernels: on CPU use direct")
+    if cpu and ns.hicache_mem_layout not in CPU_HICACHE_LAYOUTS:
+        raise ConfigError(f"hicache-mem-layout {ns.hicache_mem_layout} has no CPU transfer: on CPU use "
+                          f"page_first_direct or layer_first")

@@ -5,7 +5,36 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
+
+
+class KVStoreSettings(BaseModel):
+    """KV cache on disk that survives restarts (SGLang HiCache with its `file` storage); `kv_store: DIR` is short for
+    `kv_store: {dir: DIR}`. Files live in `<dir>/<fingerprint>/`, one namespace per model content and KV format, so
+    one model's KV is never served to another; replicas with the same config share theirs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Base directory (relative: to the worker's working directory); created when missing, must be writable.
+    dir: str = Field(default="kv-cache", min_length=1)
+    # Disk bound of one namespace (SGLang's LRU evictor deletes the least recently used pages): "20GiB", "500MB" or
+    # bytes; null: unbounded. Split evenly between the TP x PP ranks, each of which writes its own files.
+    max_size: ByteSize | None = None
+    # Free space SGLang keeps on the filesystem (it evicts, then skips writes below it): e.g. "5GiB"; null: none.
+    min_free_space: ByteSize | None = None
+    # Prefill: prompts matching fewer tokens than this beyond the device/host cache are not fetched from disk
+    # (SGLang's default is 256; 64 lets the next turn of a conversation pick up what the decode wrote).
+    prefetch_threshold: int = Field(default=64, ge=1)
+    # Decode: write the KV of generated tokens too (multi-turn: the next turn's prompt starts with this answer).
+    decode_offload: bool = True
+    # Temporary files of a write cut short (".<uuid>.tmp") older than this many seconds are deleted at start; when
+    # no other worker uses the namespace, all of them are.
+    orphan_tmp_age: float = Field(default=600.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dir_shorthand(cls, value: object) -> object:
+        return {"dir": value} if isinstance(value, str) else value
 
 
 class ClusterSettings(BaseModel):
@@ -27,6 +56,8 @@ class ClusterSettings(BaseModel):
     env: dict[str, str] = {}
     # First port tried for a prefill's SGLang KV bootstrap server when the config does not set one.
     kv_bootstrap_port_base: int = Field(default=8999, ge=1024, le=65000)
+    # KV cache that survives restarts (prefill; decode with decode_offload); null: off. See KVStoreSettings.
+    kv_store: KVStoreSettings | None = None
 
     @field_validator("env", mode="before")
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -112,3 +114,132 @@ def test_cli_dry_run_prints_command_and_environment(tmp_path, model_dir):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "SGLANG_USE_CPU_ENGINE=1" in result.stdout and "sglang.launch_server" in result.stdout
+
+
+# --- cluster.kv_store: KV cache on disk (pdcluster/kvstore) -------------------------------------------------------
+
+def kv_plan(tmp_path, model_dir, kv=None, yaml_text="", role=Role.PREFILL, device="cpu", overrides=()):
+    kv = {"dir": str(tmp_path / "kv"), **(kv or {})}
+    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\n{yaml_text}\ncluster:\n  device: {device}\n"
+                                    f"  kv_store: {json.dumps(kv)}\n")
+    return build_plan(role, config, list(overrides), env={"PATH": "/usr/bin"})
+
+
+def sglang_part(command: list[str]) -> list[str]:
+    return command[command.index("--") + 1:] if "--" in command else command
+
+
+def test_kv_store_prefill_cpu(tmp_path, model_dir):
+    p = kv_plan(tmp_path, model_dir, {"max_size": "1GiB", "prefetch_threshold": 32, "orphan_tmp_age": 60})
+    assert p.command[1:8] == ["-m", "pdcluster.kvstore", "launch", "--role", "prefill", "--dir", str(tmp_path / "kv")]
+    assert p.command[8:10] == ["--orphan-tmp-age", "60.0"] and (tmp_path / "kv").is_dir()
+    cmd = sglang_part(p.command)
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert "--enable-hierarchical-cache" in cmd and argv_value(cmd, "--hicache-storage-backend") == "file"
+    assert argv_value(cmd, "--hicache-write-policy") == "write_through"
+    assert argv_value(cmd, "--hicache-io-backend") == "direct"
+    assert argv_value(cmd, "--hicache-mem-layout") == "page_first_direct"
+    assert argv_value(cmd, "--page-size") == "64"
+    assert json.loads(argv_value(cmd, "--hicache-storage-backend-extra-config")) == {"prefetch_threshold": 32}
+    assert p.env["PDCLUSTER_CPU_HICACHE"] == "1" and p.env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == str(1 << 30)
+    assert "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR" not in p.env, "the namespace is the launch step's to choose"
+    assert p.registration.identity.page_size == 64
+
+
+def test_kv_store_prefill_gpu_keeps_sglang_kernels(tmp_path, model_dir):
+    p = kv_plan(tmp_path, model_dir, {"min_free_space": "5GB"}, yaml_text="tp-size: 2", device="cuda")
+    cmd = sglang_part(p.command)
+    assert "--enable-hierarchical-cache" in cmd and "--hicache-io-backend" not in cmd and "--device" not in cmd
+    assert argv_value(cmd, "--hicache-mem-layout") == "page_first"
+    assert "PDCLUSTER_CPU_HICACHE" not in p.env_added and "PYTHONPATH" not in p.env_added
+    assert p.env_added["SGLANG_HICACHE_FILE_BACKEND_MIN_FREE_SPACE"] == "5000000000"
+    assert "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE" not in p.env_added
+    tp2 = kv_plan(tmp_path, model_dir, {"max_size": 1000}, yaml_text="tp-size: 2", device="cuda")
+    assert tp2.env_added["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == "500", "each TP rank bounds its own files"
+
+
+def test_kv_store_decode(tmp_path, model_dir):
+    p = kv_plan(tmp_path, model_dir, role=Role.DECODE)
+    assert p.command[1:6] == ["-m", "pdcluster.kvstore", "launch", "--role", "decode"]
+    cmd = sglang_part(p.command)
+    assert "--disaggregation-decode-enable-offload-kvcache" in cmd and "--enable-hierarchical-cache" not in cmd
+    assert argv_value(cmd, "--hicache-storage-backend") == "file" and argv_value(cmd, "--page-size") == "64"
+    assert argv_value(cmd, "--hicache-io-backend") == "direct"
+    assert argv_value(cmd, "--hicache-mem-layout") == "page_first_direct", "the prefill's layout: one namespace"
+    assert argv_value(cmd, "--disaggregation-decode-retraction-backup") == "cpu_tensor"
+    assert "--hicache-storage-backend-extra-config" not in cmd and p.env["PDCLUSTER_CPU_HICACHE"] == "1"
+    plain = kv_plan(tmp_path, model_dir, {"decode_offload": False}, role=Role.DECODE)
+    assert plain.command[1:3] == ["-m", "sglang.launch_server"] and argv_value(plain.command, "--page-size") == "64"
+    assert "--hicache-storage-backend" not in plain.command
+
+
+def test_kv_store_options_stay_overridable(tmp_path, model_dir):
+    p = kv_plan(tmp_path, model_dir, yaml_text="page-size: 16\nhicache-mem-layout: layer_first\n"
+                "hicache-write-policy: write_through_selective\n"
+                "hicache-storage-backend-extra-config: '{\"prefetch_threshold\": 128}'",
+                overrides=["--hicache-ratio", "1.5"])
+    cmd = sglang_part(p.command)
+    assert argv_value(cmd, "--page-size") == "16" and argv_value(cmd, "--hicache-mem-layout") == "layer_first"
+    assert argv_value(cmd, "--hicache-write-policy") == "write_through_selective"  # persists from a page's 2nd use
+    assert argv_value(cmd, "--hicache-storage-backend-extra-config") == '{"prefetch_threshold": 128}'
+    assert argv_value(cmd, "--hicache-ratio") == "1.5"
+
+
+def test_kv_store_from_the_command_line(tmp_path, model_dir):
+    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
+    kv = str(tmp_path / "cli-kv")
+    p = build_plan(Role.PREFILL, config, [], env={}, cluster_overrides={"kv_store": kv, "kv_store.max_size": "2KiB"})
+    assert argv_value(p.command, "--dir") == kv and p.env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == "2048"
+    off = build_plan(Role.PREFILL, config, [], env={}, cluster_overrides={"kv_store": None})
+    assert "--enable-hierarchical-cache" not in off.command and "PDCLUSTER_CPU_HICACHE" not in off.env
+
+
+@pytest.mark.parametrize(
+    ("kv", "yaml_text", "role", "device", "message"),
+    [
+        ({}, "hicache-write-policy: write_back", Role.PREFILL, "cpu", "write_back leaves a prompt's first pages"),
+        ({}, "hicache-io-backend: kernel", Role.PREFILL, "cpu", "hicache-io-backend kernel needs CUDA kernels"),
+        ({}, "hicache-io-backend: kernel", Role.DECODE, "cpu", "on CPU use direct"),
+        ({}, "hicache-mem-layout: page_head", Role.PREFILL, "cpu", "page_head has no CPU transfer"),
+        ({}, "hicache-storage-backend: mooncake", Role.PREFILL, "cuda", "kv_store keeps KV in SGLang's file storage"),
+        ({}, "enable-hierarchical-cache: false", Role.PREFILL, "cpu", "needs SGLang's HiCache"),
+        ({}, "disaggregation-decode-retraction-backup: host_pool", Role.DECODE, "cuda", "host_pool cannot run"),
+        ({"max_size": "lots"}, "", Role.PREFILL, "cpu", "cluster.kv_store.max_size"),
+        ({"prefetch_threshold": 0}, "", Role.PREFILL, "cpu", "cluster.kv_store.prefetch_threshold"),
+        ({"dri": "x"}, "", Role.PREFILL, "cpu", "cluster.kv_store.dri: Extra inputs are not permitted"),
+    ],
+)
+def test_kv_store_refusals(tmp_path, model_dir, kv, yaml_text, role, device, message):
+    with pytest.raises(ConfigError) as caught:
+        kv_plan(tmp_path, model_dir, kv, yaml_text, role=role, device=device)
+    assert message in str(caught.value)
+
+
+def test_kv_store_dir_must_be_creatable_and_writable(tmp_path, model_dir):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ConfigError, match="kv_store.dir .*a-file/kv: cannot create or write it"):
+        kv_plan(tmp_path, model_dir, {"dir": str(tmp_path / "a-file" / "kv")})
+    if os.geteuid() != 0:  # root writes through permission bits
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ConfigError, match="cannot create or write it"):
+            kv_plan(tmp_path, model_dir, {"dir": str(locked)})
+
+
+def test_kv_store_refusal_from_the_cli(tmp_path, model_dir):
+    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\nhicache-write-policy: write_back\n"
+                                    f"cluster:\n  device: cpu\n  kv_store: {tmp_path / 'kv'}\n")
+    result = subprocess.run([sys.executable, "prefill.py", "--config", config], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("prefill: error: hicache-write-policy write_back")
+
+
+def test_registration_carries_vocab_size_and_context_length(tmp_path, model_dir):
+    (Path(model_dir) / "config.json").write_text('{"vocab_size": 1000, "max_position_embeddings": 2048}')
+    reg = plan(tmp_path, model_dir).registration
+    assert (reg.vocab_size, reg.context_length) == (1000, 2048)
+    assert plan(tmp_path, model_dir, "context-length: 1024").registration.context_length == 1024
+    (Path(model_dir) / "config.json").write_text('{"text_config": {"vocab_size": 7}}')
+    reg = plan(tmp_path, model_dir).registration
+    assert (reg.vocab_size, reg.context_length) == (7, None)

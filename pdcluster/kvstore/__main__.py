@@ -1,0 +1,5 @@
+import sys
+
+from pdcluster.kvstore.cli import main
+
+sys.exit(main())
