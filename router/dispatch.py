@@ -210,6 +210,7 @@ class Dispatcher:
                 merged = logprobs.merge(json.loads(payload),
                                         logprobs.prefill_answer(await self._prefill_answer(ex, prefill_task)))
                 payload = orjson.dumps(merged)
+            self.metrics.count_cached(payload)
             return Answer(response.status, payload, passthrough)
         except asyncio.CancelledError:
             # The client went away, or total_timeout passed, before the answer started: free both halves.
@@ -247,7 +248,7 @@ class Dispatcher:
     async def _relay(self, ex: Exchange, response: UpstreamResponse, prefill_task: asyncio.Future) -> AsyncIterator[bytes]:
         """Pass the decode's SSE stream through chunk by chunk; end it with an error event if either half fails or
         a deadline passes."""
-        completed, first = False, True
+        completed, first, last = False, True, b""
         total_timer, first_timer = self._deadlines(ex, response)
         chunks = response.iter_chunks() if not ex.merge_logprobs else _sse_events(response)
         try:
@@ -261,8 +262,11 @@ class Dispatcher:
                             prefill = logprobs.prefill_answer(await self._prefill_answer(ex, prefill_task))
                             chunk = logprobs.merge_first_event(chunk, prefill)
                         first = False
+                    if b"cached_tokens" in chunk:
+                        last = chunk
                     yield chunk
                 completed = True
+                self.metrics.count_cached(_last_event(last))
             except DeadlinePassed as failure:
                 self.abort(ex, ex.prefill, ex.decode)
                 yield self._stream_failed(ex, failure)
@@ -291,6 +295,12 @@ class Dispatcher:
                                            "detail": failure.detail})
         self.metrics.stream_errors.labels(ex.route).inc()
         return f"data: {json.dumps(error_body(failure.status, failure.message))}\n\n".encode()
+
+
+def _last_event(chunk: bytes) -> bytes:
+    """The last SSE event of a chunk that holds several (SGLang's counts are cumulative: only the last one counts)."""
+    events = [e for e in chunk.split(b"\n\n") if b"cached_tokens" in e]
+    return events[-1] if events else b""
 
 
 async def _sse_events(response: UpstreamResponse) -> AsyncIterator[bytes]:

@@ -15,6 +15,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from router.cache_report import cached_tokens
 from router.workers import WorkerPool
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -77,6 +78,9 @@ class RouterMetrics:
                                          registry=r))
         self.aborts = _Labelled(Counter("pdcluster_router_aborts_sent", "/abort_request calls sent to workers",
                                         ["role"], registry=r))
+        self.cached_tokens = _Labelled(Counter(
+            "pdcluster_router_cached_prompt_tokens", "Prompt tokens the workers had cached, by tier (total: all tiers;"
+            " device, host, storage: HiCache's tiers, when SGLang reports them)", ["tier"], registry=r))
         self.ejections = _Labelled(Counter("pdcluster_router_worker_ejections", "Workers taken out of rotation",
                                            ["role"], registry=r))
         self.pool = pool
@@ -87,6 +91,10 @@ class RouterMetrics:
             self._sampled: set[tuple[str, str]] = set()
         else:
             self.registry.register(_PoolCollector(pool))
+
+    def count_cached(self, answer: bytes) -> None:
+        for tier, count in cached_tokens(answer).items():
+            self.cached_tokens.labels(tier).inc(count)
 
     def sample_pool(self) -> None:
         """Multiprocess mode: write this process's view of its workers where the other processes can read it."""
