@@ -4,8 +4,10 @@ Why not a general-purpose client: every client request costs the router two upst
 was most of the router's CPU. CPU per request against the same fake worker at concurrency 1/32/256
 (bench/results/client_probe.json): httpx 0.9-5.1 ms, aiohttp 0.12-0.21 ms, pyreqwest 0.05-0.12 ms, this 0.03-0.06.
 It does only what the router needs of SGLang's HTTP servers: a request with a bytes body, a response with a
-content-length, chunked or close-delimited body, read whole or as it arrives. No TLS, redirects, proxies or
-decompression (bytes are relayed as the worker sent them). The parser is httptools (llhttp, as uvicorn uses).
+content-length, chunked or close-delimited body, read whole or as it arrives. No TLS, redirects, proxies,
+decompression (bytes are relayed as the worker sent them) or HEAD. The parser is httptools (llhttp, as uvicorn uses).
+tests/unit/test_upstream_adversarial.py pins its behaviour with huge, slow, cut, reset, interim or malformed
+answers, next to aiohttp's on the same cases.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-_PAUSE_ABOVE = 1 << 20  # bytes buffered for a slow reader before the worker's connection stops being read
+_PAUSE_ABOVE = 1 << 20  # bytes buffered for a consumer iterating behind the worker before its connection pauses
 
 
 class UpstreamError(Exception):
@@ -40,7 +42,9 @@ class ReadTimeout(UpstreamError, TimeoutError):
 
 
 class UpstreamResponse:
-    """A response whose status and headers have arrived; its body is read with read() or iterated as it arrives."""
+    """A response whose status and headers have arrived; its body is read with read() or iterated as it arrives.
+    A response that fails (dropped, timed out, interrupted, closed or cancelled before its end) drops its
+    connection: only a complete one gives it back to the pool."""
 
     def __init__(self, conn: _Connection, read_timeout: float):
         self._conn, self._read_timeout = conn, read_timeout
@@ -48,13 +52,13 @@ class UpstreamResponse:
         self.headers: dict[str, str] = {}
         self._chunks: list[bytes] = []
         self._buffered = 0
+        self._streaming = False  # iter_chunks() consumes it: the only case in which reading may pause
         self._waiter: asyncio.Future | None = None
         self._error: Exception | None = None
         self.done = False  # the whole body has arrived
         # Called once the body is complete or the exchange failed: lets a caller follow a request without a task.
         self.on_done: Callable[[UpstreamResponse], None] | None = None
 
-    # Called by the connection.
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
@@ -62,47 +66,54 @@ class UpstreamResponse:
     def _feed(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
         self._buffered += len(chunk)
-        if self._buffered > _PAUSE_ABOVE:
+        # Only a consumer that iterates ever takes the buffer before the end: pausing for read() or on_done,
+        # which wait for the end, would wait forever. Their bodies are bounded by what the worker sends.
+        if self._streaming and self._buffered > _PAUSE_ABOVE and not self._conn.paused:
+            self._conn.paused = True
             self._conn.transport.pause_reading()
         self._wake()
 
-    def _fail(self, error: Exception) -> None:
+    def _end(self, error: Exception | None = None) -> None:
+        """Complete (no error) or fail, once."""
         if not self.done and self._error is None:
-            self._error = error
+            self._error, self.done = error, error is None
             self._wake()
             if self.on_done is not None:
                 self.on_done(self)
-
-    def _complete(self) -> None:
-        self.done = True
-        self._wake()
-        if self.on_done is not None:
-            self.on_done(self)
 
     @property
     def error(self) -> Exception | None:
         return self._error
 
     def body(self) -> bytes:
-        """The body received so far (all of it once `done`), without waiting."""
+        """The body received so far (all of it once `done`), without waiting; raises the error if it failed."""
+        if self._error is not None:
+            raise self._error
         return b"".join(self._take())
 
     def interrupt(self, error: Exception) -> None:
         """Make whoever waits on this response (headers or body) raise `error` now, and drop the connection."""
         if not self.done:
-            self._fail(error)
+            self._end(error)
             self._conn.transport.close()
 
     async def _wait(self, timeout: float | None = None) -> None:
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
         timeout = timeout or self._read_timeout
-        timer = loop.call_later(timeout, _time_out, waiter, timeout)
+        timer = loop.call_later(timeout, self._time_out, waiter, timeout)
         try:
             await waiter
+        except asyncio.CancelledError:
+            self.close()  # whoever waited gave up: the rest of this response would arrive for nobody
+            raise
         finally:
             timer.cancel()
             self._waiter = None
+
+    def _time_out(self, waiter: asyncio.Future, seconds: float) -> None:
+        if not waiter.done():  # else data came in this very loop iteration: no timeout
+            self.interrupt(ReadTimeout(f"no data for {seconds}s"))
 
     async def wait_headers(self, timeout: float | None = None) -> None:
         while not self.status and self._error is None:
@@ -112,14 +123,15 @@ class UpstreamResponse:
 
     def _take(self) -> list[bytes]:
         chunks, self._chunks = self._chunks, []
-        if self._buffered > _PAUSE_ABOVE:
-            self._conn.transport.resume_reading()
         self._buffered = 0
+        if self._conn.response is self:  # once complete, the connection may be pausing for someone else
+            self._conn.resume()
         return chunks
 
     async def iter_chunks(self):
         """The body as it arrives: whatever has arrived since the last step, in one piece (under load, fewer and
         larger writes to the client). Raises UpstreamError if the exchange breaks or stalls for read_timeout."""
+        self._streaming = True
         while True:
             if self._chunks:
                 chunks = self._take()
@@ -141,12 +153,7 @@ class UpstreamResponse:
     def close(self) -> None:
         """Give the connection back if the body is complete; otherwise drop it (the only way to cancel a request)."""
         if not self.done:
-            self._conn.transport.close()
-
-
-def _time_out(waiter: asyncio.Future, seconds: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(ReadTimeout(f"no data for {seconds}s"))
+            self.interrupt(ConnectionDropped("the response was closed before its end"))
 
 
 class _Connection(asyncio.Protocol):
@@ -155,42 +162,81 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.response: UpstreamResponse | None = None
+        self.received = False  # a byte of the current response came: the worker has the request, never resend it
+        self.paused = self.keep_alive = False
+        self.interim = False  # the message being parsed is a 1xx, to be skipped
+        self.until_eof = False  # the body being parsed has neither length nor chunks: the worker's close ends it
+        self.finished: UpstreamResponse | None = None  # completed by the bytes being parsed right now
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+
     def data_received(self, data: bytes) -> None:
+        if self.response is None:  # no request is waiting: whatever this is, the connection can't be trusted
+            self.transport.close()
+            return
+        self.received = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             if self.response is not None:
-                self.response._fail(ConnectionDropped(f"malformed response: {exc}"))
+                self.response._end(ConnectionDropped(f"malformed response: {exc.__context__ or exc}"))
             self.transport.close()
+        if (response := self.finished) is not None:
+            # Only now, with every byte of `data` parsed: bytes past the end of the answer closed the connection
+            # above, and on_done may send the next request on it. A connection in the pool must be reading.
+            self.finished = None
+            self.resume()
+            if self.keep_alive and not self.transport.is_closing():
+                self.client._release(self)
+            else:
+                self.transport.close()
+            response._end()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.client._forget(self)
-        if self.response is not None:
-            before = not self.response.status and not self.response._chunks
-            self.response._fail(ConnectionDropped(f"connection closed: {exc or 'by the worker'}", before))
+        response, self.response = self.response, None
+        if response is not None:  # a close-delimited body ends so (but not with a reset)
+            clean_end = exc is None and self.until_eof and response.status
+            response._end(None if clean_end else ConnectionDropped(f"connection closed: {exc or 'by the worker'}",
+                                                                   not self.received))
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.response is None:
+            raise ConnectionDropped("the worker sent more than the answer")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        self.response.status = self.parser.get_status_code()
+        status, headers = self.parser.get_status_code(), self.response.headers
+        if status < 200:  # 100 Continue, 103 Early Hints: the answer follows; 101 would end HTTP on this connection
+            if status == 101:
+                raise ConnectionDropped("the worker switched protocols (101)")
+            self.interim, self.response.headers = True, {}
+            return
+        # As llhttp_message_needs_eof, which httptools does not expose (nor llhttp_finish to tell it of the EOF).
+        te = headers.get("transfer-encoding", "").lower()
+        self.until_eof = status not in (204, 304) and not te.endswith("chunked") and (
+            bool(te) or "content-length" not in headers)
+        self.response.status = status
         self.response._wake()
 
     def on_body(self, body: bytes) -> None:
         self.response._feed(body)
 
     def on_message_complete(self) -> None:
-        response, self.response = self.response, None
-        if self.parser.should_keep_alive() and not self.transport.is_closing():
-            self.client._release(self)
-        else:
-            self.transport.close()
-        response._complete()  # after the connection is back in the pool: on_done may start the next request
+        if self.interim:
+            self.interim = False
+            return
+        self.finished, self.response = self.response, None
+        self.keep_alive = self.parser.should_keep_alive()
 
 
 class UpstreamClient:
@@ -251,6 +297,7 @@ class UpstreamClient:
 
     def _send(self, conn: _Connection, message: bytes) -> UpstreamResponse:
         conn.response = response = UpstreamResponse(conn, self.read_timeout)
+        conn.received = False
         conn.transport.write(message)
         return response
 
@@ -280,11 +327,7 @@ class UpstreamClient:
         response = self._send(conn, message)
         if on_sent is not None:
             on_sent(response)
-        try:
-            await response.wait_headers(headers_timeout)
-        except BaseException:  # timed out, dropped or cancelled: this connection's state is unknown now
-            conn.transport.close()
-            raise
+        await response.wait_headers(headers_timeout)  # failing (or cancelled), it drops the connection
         return response
 
     def _release(self, conn: _Connection) -> None:

@@ -1,4 +1,5 @@
-"""The data plane's HTTP client (router/upstream.py) against scripted raw HTTP servers on loopback."""
+"""The data plane's HTTP client (router/upstream.py) against scripted raw HTTP servers on loopback: its API.
+How it stands up to a misbehaving worker, next to aiohttp: test_upstream_adversarial.py."""
 
 from __future__ import annotations
 
@@ -7,45 +8,21 @@ import asyncio
 import pytest
 
 from router.upstream import ConnectFailed, ConnectionDropped, ReadTimeout, UpstreamClient
+from tests.adversarial_server import CLOSE, HANG, RawServer, follow_up_body, head, pattern, with_length
+
+MiB = 1 << 20
 
 
-class Scripted:
-    """A TCP server that answers each request with the next scripted action: bytes to send, 'close', or 'hang'."""
-
-    def __init__(self, *actions):
-        self.actions, self.requests, self.connections = list(actions), [], 0
-
-    async def __aenter__(self):
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc):
-        self.server.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length")))
-                self.requests.append(head + await reader.readexactly(length))
-                action = self.actions.pop(0)
-                if action == "close":
-                    break
-                if action == "hang":
-                    await asyncio.sleep(3600)
-                for piece in action if isinstance(action, list) else [action]:
-                    if piece == "close":
-                        return
-                    writer.write(piece)
-                    await writer.drain()
-                    await asyncio.sleep(0.05)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+def Scripted(*actions) -> RawServer:
+    """A server that answers each request with the next action: bytes to send, "close", "hang", or a list of
+    pieces sent 50 ms apart (which may end with "close")."""
+    def steps(action) -> list:
+        if isinstance(action, bytes):
+            return [action]
+        if not isinstance(action, list):
+            return [{"close": CLOSE, "hang": HANG}[action]]
+        return [step for piece in action for step in ([CLOSE] if piece == "close" else [piece, 0.05])]
+    return RawServer(*(steps(action) for action in actions))
 
 
 def ok(body: bytes, extra: bytes = b"") -> bytes:
@@ -54,8 +31,8 @@ def ok(body: bytes, extra: bytes = b"") -> bytes:
 
 
 def chunked(*chunks: bytes) -> list[bytes]:
-    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    return [head, *(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks), b"0\r\n\r\n"]
+    return [head(content_type="text/event-stream", transfer_encoding="chunked"),
+            *(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks), b"0\r\n\r\n"]
 
 
 def run(coro):
@@ -173,4 +150,81 @@ def test_an_https_worker_is_refused_clearly():
         client = UpstreamClient(connect_timeout=2, read_timeout=5)
         with pytest.raises(ConnectFailed, match="plain http://"):
             await client.request("POST", "https://127.0.0.1:9", "/generate", b"{}")
+    run(main())
+
+
+# What only this client has: send_now() followed by on_done and body(), as the router follows a prefill's answer.
+
+def _follow(client: UpstreamClient, url: str) -> asyncio.Future:
+    """send_now() on a kept-alive connection, followed with on_done into a future."""
+    response = client.send_now("POST", url, "/generate", b"{}")
+    assert response is not None
+    outcome = asyncio.get_running_loop().create_future()
+    response.on_done = outcome.set_result
+    return outcome
+
+
+@pytest.mark.parametrize("size", [MiB + 1, 3 * MiB, 16 * MiB], ids=lambda s: f"{s}B")
+def test_a_large_answer_followed_with_on_done_completes(size):
+    # Nothing takes its body before the end: reading must never pause for it.
+    body = pattern(size)
+
+    async def main():
+        async with RawServer(None, [with_length(body)]) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=3)
+            await (await client.request("POST", server.url, "/generate", b"{}")).read()  # a kept-alive connection
+            response = await asyncio.wait_for(_follow(client, server.url), 10)
+            assert response.error is None and response.done and response.body() == body
+            # And the connection it gave back is reading.
+            assert await (await client.request("POST", server.url, "/g", b"{}")).read() == follow_up_body(2)
+            await client.close()
+            return server
+    assert run(main()).connections == 1
+
+
+def test_body_of_a_failed_answer_raises_its_error():
+    async def main():
+        async with RawServer(None, [head(content_length=100) + b"partial", CLOSE]) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=3)
+            await (await client.request("POST", server.url, "/generate", b"{}")).read()
+            response = await asyncio.wait_for(_follow(client, server.url), 5)
+            assert isinstance(response.error, ConnectionDropped) and not response.error.before_response
+            with pytest.raises(ConnectionDropped):
+                response.body()
+    run(main())
+
+
+def test_a_read_timeout_drops_the_connection_and_tells_on_done():
+    async def main():
+        async with RawServer([head(content_length=100) + b"partial", HANG]) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=0.3)
+            response = await client.request("POST", server.url, "/generate", b"{}")
+            told = []
+            response.on_done = told.append
+            with pytest.raises(ReadTimeout):
+                await response.read()  # and no close(): the client must not keep that connection anyway
+            assert told == [response] and isinstance(response.error, ReadTimeout)
+            assert response._conn.transport.is_closing() and not client._idle.get(response._conn.key)
+            await client.close()
+    run(main())
+
+
+def test_cancelling_a_read_drops_the_connection():
+    async def main():
+        async with RawServer([head(content_length=100) + b"partial", HANG]) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=30)
+            response = await client.request("POST", server.url, "/generate", b"{}")
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(response.read(), 0.2)
+            assert response._conn.transport.is_closing() and isinstance(response.error, ConnectionDropped)
+            await client.close()
+    run(main())
+
+
+def test_switching_protocols_is_an_error():
+    async def main():
+        async with RawServer([head(101, b"Switching Protocols", upgrade="h2c", connection="Upgrade"), HANG]) as server:
+            client = UpstreamClient(connect_timeout=2, read_timeout=3)
+            with pytest.raises(ConnectionDropped, match="101"):
+                await client.request("POST", server.url, "/generate", b"{}")
     run(main())
