@@ -44,7 +44,9 @@ class RouterConfig(BaseModel):
     decode_policy: str = "round_robin"
     # Clients must send `Authorization: Bearer <api_key>` when set (or env PDCLUSTER_API_KEY).
     api_key: str | None = None
-    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Parsing a JSON body holds the event loop ~10-30 ms per MiB (orjson; more on a busy machine): the bound keeps
+    # one request from stalling the others in this process for long.
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     connect_timeout: float = Field(default=5.0, gt=0)
     # Longest wait for the decode's response to start (headers; for a stream, before any token).
     first_byte_timeout: float = Field(default=300.0, gt=0)
