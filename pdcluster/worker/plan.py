@@ -29,7 +29,10 @@ CPU_FLAGS = {
     "attention-backend": "torch_native",
     "cuda-graph-backend-decode": "disabled",
     "cuda-graph-backend-prefill": "disabled",
-    "mem-fraction-static": 0.1,
+    # SGLang refuses to start when free RAM after loading the weights is below (1 - this) x free RAM before: at 0.1
+    # any other process taking 10% of the RAM meanwhile (another worker starting) killed the start. The KV pool is
+    # capped by max-total-tokens anyway, so a larger fraction allocates nothing more.
+    "mem-fraction-static": 0.5,
     "max-total-tokens": 65536,
     "disaggregation-transfer-backend": "mooncake_tcp",
 }
