@@ -1,0 +1,123 @@
+{{/* Names: <release>-pdcluster (or the release name when it contains the chart's), then -<component>. Kept short
+enough for a StatefulSet's pods and their controller-revision-hash label. */}}
+{{- define "pdcluster.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "pdcluster.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* (dict "root" $ "component" "prefill") -> <fullname>-prefill */}}
+{{- define "pdcluster.componentName" -}}
+{{- printf "%s-%s" (include "pdcluster.fullname" .root) .component -}}
+{{- end -}}
+
+{{- define "pdcluster.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pdcluster.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "pdcluster.labels" -}}
+{{ include "pdcluster.selectorLabels" . }}
+app.kubernetes.io/part-of: pdcluster
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "pdcluster.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "pdcluster.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pdcluster.secretName" -}}
+{{- default (include "pdcluster.componentName" (dict "root" . "component" "secrets")) .Values.secrets.existingSecret -}}
+{{- end -}}
+
+{{/* (dict "root" $ "component" "router") -> repository:tag */}}
+{{- define "pdcluster.image" -}}
+{{- $image := (index .root.Values .component).image -}}
+{{- printf "%s:%s" (default .root.Values.image.repository $image.repository) $image.tag -}}
+{{- end -}}
+
+{{- define "pdcluster.bootstrapURL" -}}
+{{- printf "http://%s.%s.svc:%d" (include "pdcluster.componentName" (dict "root" . "component" "bootstrap")) .Release.Namespace (int (include "pdcluster.bootstrapConfig" . | fromYaml).port) -}}
+{{- end -}}
+
+{{/* Each component's config file: the values' `config`, over what the chart needs (the user's keys win), as YAML. */}}
+{{- define "pdcluster.bootstrapConfig" -}}
+{{- toYaml (merge (deepCopy (.Values.bootstrap.config | default dict)) (dict "host" "0.0.0.0" "port" 8998)) -}}
+{{- end -}}
+
+{{- define "pdcluster.routerConfig" -}}
+{{- $defaults := dict "host" "0.0.0.0" "port" 8000 "bootstrap_url" (include "pdcluster.bootstrapURL" .) -}}
+{{- toYaml (merge (deepCopy (.Values.router.config | default dict)) $defaults) -}}
+{{- end -}}
+
+{{/* (dict "root" $ "role" "prefill") -> the worker's config file. rdma.enabled selects Mooncake's RDMA transport. */}}
+{{- define "pdcluster.workerConfig" -}}
+{{- $root := .root -}}
+{{- $defaults := dict "host" "0.0.0.0" "port" (ternary 30100 30200 (eq .role "prefill")) "cluster" (dict "bootstrap_url" (include "pdcluster.bootstrapURL" $root)) -}}
+{{- if eq .role "prefill" -}}
+{{- $_ := set $defaults "disaggregation-bootstrap-port" 8999 -}}
+{{- end -}}
+{{- $config := merge (deepCopy ((index $root.Values .role).config | default dict)) $defaults -}}
+{{- if $root.Values.rdma.enabled -}}
+{{- $_ := set $config "disaggregation-transfer-backend" "mooncake" -}}
+{{- if $root.Values.rdma.device -}}
+{{- $_ := set $config "disaggregation-ib-device" $root.Values.rdma.device -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/* (the worker config as a dict) -> where its cluster.kv_store.dir is in the container (the image's WORKDIR is
+/app), or "" without a kv_store. */}}
+{{- define "pdcluster.kvStorePath" -}}
+{{- $kv := (.cluster | default dict).kv_store -}}
+{{- if $kv -}}
+{{- $dir := "kv-cache" -}}
+{{- if kindIs "string" $kv -}}
+{{- $dir = $kv -}}
+{{- else if kindIs "map" $kv -}}
+{{- $dir = $kv.dir | default "kv-cache" -}}
+{{- end -}}
+{{- if isAbs $dir -}}{{ clean $dir }}{{- else -}}{{ clean (printf "/app/%s" $dir) }}{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pdcluster.workerKind" -}}
+{{- if and .Values.persistence.enabled (eq .Values.persistence.mode "perPod") -}}StatefulSet{{- else -}}Deployment{{- end -}}
+{{- end -}}
+
+{{- define "pdcluster.kvAccessModes" -}}
+{{- if .Values.persistence.accessModes -}}
+{{- toYaml .Values.persistence.accessModes -}}
+{{- else -}}
+{{- toYaml (list (ternary "ReadWriteOnce" "ReadWriteMany" (eq .Values.persistence.mode "perPod"))) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether clients outside the cluster can reach the router. */}}
+{{- define "pdcluster.routerExposed" -}}
+{{- if or .Values.router.ingress.enabled (has .Values.router.service.type (list "NodePort" "LoadBalancer")) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Pod annotations every component shares: a changed secret value restarts every pod that reads it. */}}
+{{- define "pdcluster.secretChecksum" -}}
+checksum/secrets: {{ toJson .Values.secrets | sha256sum }}
+{{- end -}}
