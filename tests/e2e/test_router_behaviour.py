@@ -19,6 +19,7 @@ def prefix_router(cluster, tmp_path_factory):
     """A second router on the same registry, with the prefix policy for prefills."""
     config = tmp_path_factory.mktemp("prefix-router") / "router.yaml"
     config.write_text("host: 127.0.0.1\nport: 18001\nprefill_policy: prefix\ndecode_policy: round_robin\n"
+                      "expose_worker_ids: true\n"
                       f"bootstrap_url: {cluster.spec.bootstrap_url}\n")
     process = subprocess.Popen([sys.executable, "-m", "router", "--config", str(config)], cwd=REPO)
     url = "http://127.0.0.1:18001"

@@ -1,0 +1,118 @@
+"""No request can hurt another request or a worker: hostile input against a real SGLang cluster.
+
+Each hostile request gets a 4xx naming the problem, and the cluster serves a normal request right after it (before
+these checks, one out-of-vocabulary id crashed SGLang's scheduler and the router answered 503 to everyone)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.prompts import prompt_of_about
+
+VOCAB = 1000  # scripts/build_demo_model.py
+
+
+def serves_normally(router) -> None:
+    response = router.post("/generate", json={"text": "Still fine?",
+                                              "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    assert response.status_code == 200 and response.json()["meta_info"]["completion_tokens"] == 4, response.text
+
+
+HOSTILE = [
+    pytest.param("/generate", {"input_ids": [999999999]}, 400, "input_ids[0] is 999999999", id="huge-id"),
+    pytest.param("/generate", {"input_ids": [5, -1]}, 400, "input_ids[1] is -1", id="negative-id"),
+    pytest.param("/generate", {"input_ids": [5, VOCAB]}, 400, f"input_ids[1] is {VOCAB}", id="vocab-size-id"),
+    pytest.param("/generate", {"input_ids": [[5, 6], [7, VOCAB + 5]]}, 400, "input_ids[1][1]", id="batch-id"),
+    pytest.param("/generate", {"input_ids": [VOCAB * 3], "stream": True}, 400, "input_ids[0]", id="streamed-id"),
+    pytest.param("/generate", {"input_ids": [1] * 100_000}, 400, "context length", id="over-context"),
+    pytest.param("/v1/completions", {"model": "tiny-llama", "prompt": [5, 2**31]}, 400, "prompt[1]",
+                 id="completion-token-prompt"),
+    pytest.param("/v1/completions", {"model": "tiny-llama", "prompt": [[5], [-2]]}, 400, "prompt[1][0]",
+                 id="completion-token-batch"),
+    # SGLang checks these itself (400 from the workers, passed through): the point is that the cluster survives.
+    pytest.param("/generate", {"text": "a", "sampling_params": {"logit_bias": {str(VOCAB + 7): 1.0}}}, 400,
+                 "logit_bias", id="logit-bias"),
+    pytest.param("/generate", {"text": "a", "return_logprob": True, "token_ids_logprob": [VOCAB * 9]}, 400,
+                 "token_ids_logprob", id="token-ids-logprob"),
+    pytest.param("/generate", {"text": "a", "sampling_params": {"stop_token_ids": [VOCAB * 9], "max_new_tokens": 2}},
+                 200, "", id="stop-token-ids"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "fragment"), HOSTILE)
+def test_hostile_input_is_refused_and_the_cluster_goes_on(router, path, body, status, fragment):
+    response = router.post(path, json=body)
+    assert response.status_code == status, response.text
+    if status != 200:
+        assert fragment in response.json()["error"]["message"]
+    serves_normally(router)
+
+
+def test_a_client_rid_that_prefixes_a_victims_rid_cannot_abort_it(cluster, router):
+    """SGLang aborts every request whose rid starts with the given one. Attackers send rids "" and "0".."f" and
+    hang up mid-stream; the victim's stream must still run to its end."""
+    victim: list[str] = []
+
+    def run_victim() -> None:
+        with httpx.Client(base_url=cluster.router_url, timeout=120) as client, client.stream(
+                "POST", "/generate", json={"text": "victim", "stream": True,
+                                           "sampling_params": {"max_new_tokens": 48, "temperature": 0,
+                                                               "ignore_eos": True}}) as response:
+            victim.extend(line for line in response.iter_lines() if line.startswith("data:"))
+    thread = threading.Thread(target=run_victim)
+    thread.start()
+    time.sleep(0.5)
+    for rid in ["", *"0123456789abcdef"]:
+        with httpx.Client(base_url=cluster.router_url, timeout=60) as client, client.stream(
+                "POST", "/generate", json={"text": "attacker", "stream": True, "rid": rid,
+                                           "sampling_params": {"max_new_tokens": 48, "ignore_eos": True}},
+                headers={"x-request-id": rid or "x"}) as response:
+            next(response.iter_lines())
+    thread.join(120)
+    assert victim[-1] == "data: [DONE]", victim[-3:]
+    assert '"error"' not in "".join(victim)
+    serves_normally(router)
+
+
+def test_two_clients_with_the_same_request_id_are_both_served(cluster):
+    answers: list[httpx.Response] = []
+
+    def ask(i: int) -> None:
+        with httpx.Client(base_url=cluster.router_url, timeout=120) as client:
+            answers.append(client.post("/generate", headers={"x-request-id": "dup"},
+                                       json={"text": f"twin {i}", "sampling_params": {"max_new_tokens": 16}}))
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    assert {a.headers["x-request-id"] for a in answers} == {"dup"}
+
+
+def test_answers_over_a_mebibyte_arrive_whole_and_quickly(router, reference):
+    """A non-streamed batch with top logprobs (~2+ MB from the decode), and a prefill answer with the input
+    logprobs of a long prompt (>1 MiB from the prefill, merged by the router): both used to stall for
+    read_timeout (the data plane stopped reading above 1 MiB) and then eject a healthy worker."""
+    batch = {"text": [f"batch item {i}" for i in range(8)], "return_logprob": True, "top_logprobs_num": 20,
+             "sampling_params": {"max_new_tokens": 320, "temperature": 0, "ignore_eos": True}}
+    start = time.monotonic()
+    response = router.post("/generate", json=batch, timeout=300)
+    assert response.status_code == 200, response.text[:300]
+    assert len(response.content) > 1024 * 1024
+    assert all(len(item["meta_info"]["output_top_logprobs"]) == 320 for item in response.json())
+    long_prompt = prompt_of_about(reference.tokenizer, 1500)
+    merged = router.post("/generate", timeout=300, json={
+        "text": long_prompt, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 20,
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    assert merged.status_code == 200, merged.text[:300]
+    assert len(merged.json()["meta_info"]["input_top_logprobs"]) >= 1400
+    big_ones = time.monotonic() - start
+    assert big_ones < 120, f"{big_ones:.0f}s for two large answers"
+    small = time.monotonic()
+    serves_normally(router)
+    assert time.monotonic() - small < 30
