@@ -2,16 +2,26 @@
 
 `make up` runs it; the end-to-end tests drive the same class. Every component is started through its public entry
 point (`python -m bootstrap`, `python prefill.py`, `python decode.py`, `python -m router`), as in docker compose.
+
+Once the cluster is ready, `supervise()` starts a thread that restarts any component that exits without being asked
+to, with the backoff of pdcluster/restarts.py (1 s, doubling, capped at 30 s; a crash loop is reported and held at
+the cap). A component is "asked to" stop when it is signalled through `Process.signal` (SIGTERM/SIGINT/SIGKILL) or
+`LocalCluster.hold`; it then stays down until `start()`. A restarted worker registers again and the router takes it
+back on its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +29,11 @@ import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from pdcluster.restarts import Backoff, RestartPolicy
+
 REPO = Path(__file__).resolve().parent.parent
+# Signals that mean "stop": a process sent one through Process.signal was asked to go, and is not restarted.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGKILL, signal.SIGQUIT})
 
 
 class ComponentSpec(BaseModel):
@@ -72,19 +86,43 @@ class Process:
     command: list[str]
     log_path: Path
     popen: subprocess.Popen | None = None
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    # Asked to stop (signalled through signal(), or held): the supervisor leaves it down until start().
+    held: bool = False
+    restarts: int = 0  # restarts by the supervisor (not by start())
+    backoff: Backoff = field(init=False)
+    restart_at: float | None = None  # when the supervisor starts it again (time.monotonic)
+    exit_seen: bool = False  # the supervisor has dealt with the current popen's exit
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.backoff = Backoff(self.policy)
 
     def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        """Start it (again), and let the supervisor restart it should it exit on its own. A no-op if it runs."""
+        with self.lock:
+            if not self.running:
+                self._spawn()
+            self.held, self.restart_at = False, None
+
+    def _spawn(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child gets its own copy; ours is closed below
         log.write(f"\n===== {time.strftime('%H:%M:%S')} {' '.join(self.command)}\n".encode())
         log.flush()
         self.popen = subprocess.Popen(self.command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True)
+        log.close()  # the child has its own copy
+        self.exit_seen = False
+        self.backoff.started()
 
     @property
     def running(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
     def signal(self, sig: int) -> None:
+        """Send `sig` to the component's launcher; a stop signal also tells the supervisor to leave it down."""
+        if sig in STOP_SIGNALS:
+            self.held = True
         if self.running:
             os.kill(self.popen.pid, sig)
 
@@ -95,14 +133,19 @@ class Process:
             return ""
 
 
-@dataclass
+@dataclass(eq=False)  # hashable: supervising clusters are kept in a WeakSet
 class LocalCluster:
     spec: LocalSpec
     log_dir: Path
     processes: dict[str, Process] = field(default_factory=dict)
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    # Where the supervisor's lines go (one line per event; the text says what happened).
+    report: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True), repr=False)
 
     def __post_init__(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._supervisor: threading.Thread | None = None
+        self._stopping = threading.Event()
         py = sys.executable
         s = self.spec
         self._add("bootstrap", [py, "-m", "bootstrap", "--config", s.bootstrap.config, "--host", s.bootstrap.host,
@@ -119,7 +162,7 @@ class LocalCluster:
                              "--port", s.router_url.rsplit(":", 1)[1], "--bootstrap-url", s.bootstrap_url])
 
     def _add(self, name: str, command: list[str]) -> None:
-        self.processes[name] = Process(name, command, self.log_dir / f"{name}.log")
+        self.processes[name] = Process(name, command, self.log_dir / f"{name}.log", policy=self.policy)
 
     @property
     def router_url(self) -> str:
@@ -146,9 +189,92 @@ class LocalCluster:
             time.sleep(0.5)
         raise TimeoutError(f"router not ready after {timeout or self.spec.ready_timeout:.0f}s; logs in {self.log_dir}")
 
+    # ----- supervision -----
+
+    def supervise(self, interval: float = 0.2) -> None:
+        """Restart, from now on, any component that exits without being asked to (a thread; idempotent)."""
+        if self._supervisor is None or not self._supervisor.is_alive():
+            self._stopping.clear()
+            self._supervisor = threading.Thread(target=self._supervise, args=(interval,), name="local-supervisor",
+                                                daemon=True)
+            self._supervisor.start()
+            _SUPERVISED.add(self)
+
+    @property
+    def supervising(self) -> bool:
+        return self._supervisor is not None and self._supervisor.is_alive()
+
+    def hold(self, name: str) -> None:
+        """`name` is about to be stopped on purpose: leave it down until start() (or release())."""
+        self.processes[name].held = True
+
+    def release(self, name: str) -> None:
+        """Let the supervisor restart `name` again (at once if it is down)."""
+        process = self.processes[name]
+        with process.lock:
+            process.held, process.restart_at = False, None
+            process.exit_seen = not process.running and process.popen is not None
+            if process.exit_seen:
+                process.restart_at = time.monotonic()
+
+    @contextlib.contextmanager
+    def held(self, name: str) -> Iterator[Process]:
+        """Stop and start `name` by hand inside the block without the supervisor racing you."""
+        self.hold(name)
+        try:
+            yield self.processes[name]
+        finally:
+            if not self.processes[name].running and self.processes[name].held:
+                self.release(name)
+            else:
+                self.processes[name].held = False
+
+    def restarts(self) -> dict[str, int]:
+        return {name: p.restarts for name, p in self.processes.items()}
+
+    def _supervise(self, interval: float) -> None:
+        while not self._stopping.wait(interval):
+            for process in self.processes.values():
+                try:
+                    self._check(process)
+                except Exception as exc:  # noqa: BLE001 - the supervisor must outlive any one failure
+                    self.report(f"supervisor: could not restart {process.name}: {type(exc).__name__}: {exc}")
+
+    def _check(self, process: Process) -> None:
+        with process.lock:
+            if process.popen is None or process.held or process.running or self._stopping.is_set():
+                return
+            now = time.monotonic()
+            if not process.exit_seen:
+                process.exit_seen = True
+                decision = process.backoff.exited()
+                process.restart_at = now + decision.delay
+                status = process.popen.returncode
+                what = f"signal {-status}" if status < 0 else f"status {status}"
+                line = (f"{process.name} exited ({what}) after {decision.ran:.0f}s, not asked to; restart "
+                        f"#{decision.restart} in {decision.delay:.0f}s")
+                if decision.crash_loop:
+                    line = (f"CRASH LOOP: {process.name} exited {decision.exits_in_window} times within "
+                            f"{self.policy.loop_window:.0f}s; restarting it every {self.policy.cap:.0f}s until it "
+                            f"stays up {self.policy.stable_after:.0f}s. " + line)
+                if decision.loop_started or not decision.crash_loop:
+                    line += f"; its log ({process.log_path}) ends with:\n{process.tail(10)}"
+                self.report(line)
+            elif process.restart_at is None or now >= process.restart_at:
+                process._spawn()
+                process.restarts += 1
+                process.restart_at = None
+                self.report(f"{process.name} restarted (restart #{process.restarts}, pid {process.popen.pid})")
+
+    # ----- stop -----
+
     def stop(self, timeout: float = 30.0) -> dict[str, int | None]:
         """SIGTERM everything (router first, so no new work reaches workers), then SIGKILL stragglers."""
-        order = ["router", *[n for n in self.processes if n not in ("router", "bootstrap")], "bootstrap"]
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=5)
+        order = [n for n in ("router", *[n for n in self.processes if n not in ("router", "bootstrap")], "bootstrap")
+                 if n in self.processes]
         for name in order:
             self.processes[name].signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -162,6 +288,21 @@ class LocalCluster:
                 os.killpg(process.popen.pid, signal.SIGKILL)
                 process.popen.wait()
         return {name: p.popen.returncode if p.popen else None for name, p in self.processes.items()}
+
+
+# Clusters supervising in this Python process, for hold_pid().
+_SUPERVISED: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
+
+
+def hold_pid(pid: int) -> str | None:
+    """A caller about to kill the launcher with this pid on purpose (e.g. a test helper that kills process trees)
+    says so here: a supervising cluster then leaves that component down until start(). Returns its name."""
+    for cluster in list(_SUPERVISED):
+        for process in cluster.processes.values():
+            if process.popen is not None and process.popen.pid == pid:
+                process.held = True
+                return process.name
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,14 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"ready: the router serves at {cluster.router_url} (POST /generate, /v1/chat/completions); Ctrl-C stops",
           flush=True)
-    reported: set[str] = set()
+    # A component that exits on its own is restarted with backoff (pdcluster/restarts.py), each time with a line
+    # on stderr; the rest of the cluster goes on serving meanwhile.
+    cluster.supervise()
     while not stopping:
-        # A dead component is reported, not fatal: the rest of the cluster goes on serving without it.
-        for process in cluster.processes.values():
-            if not process.running and process.name not in reported:
-                reported.add(process.name)
-                print(f"{process.name} exited ({process.popen.returncode}); its log ends with:\n{process.tail(10)}",
-                      file=sys.stderr, flush=True)
         time.sleep(0.5)
     print("stopping ...", flush=True)
     cluster.stop()

@@ -63,7 +63,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         upstream = UpstreamClient(config.connect_timeout, config.read_timeout)
         pd.dispatcher = Dispatcher(upstream, metrics, background, config.first_byte_timeout, on_failure)
         state["client"] = client
-        tasks = [asyncio.create_task(health.probe_forever(config, pool, client))]
+        tasks = [asyncio.create_task(health.probe_forever(config, pool, client, upstream))]
         if config.bootstrap_url:
             tasks.append(asyncio.create_task(health.follow_registry(config, pool, client)))
         if metrics.multiprocess:

@@ -68,6 +68,14 @@ class RouterConfig(BaseModel):
     health_timeout: float = Field(default=25.0, gt=0)
     # Consecutive failed health checks before a worker is ejected; one success readmits it.
     unhealthy_threshold: int = Field(default=2, ge=1)
+    # Liveness, apart from /health (router/health.py; thresholds measured in docs/faults.md): every
+    # liveness_interval each worker's /v1/loads is asked (SGLang's HTTP process answers it from shared memory).
+    # No answer for liveness_timeout seconds, or a scheduler whose load snapshot has not moved for stall_timeout
+    # seconds while it has work: the worker is hung, ejected, and the requests open on it are ended (retried on
+    # another pair before their first byte, else an SSE error event). One live answer readmits it.
+    liveness_interval: float = Field(default=1.0, gt=0)
+    liveness_timeout: float = Field(default=5.0, gt=0)
+    stall_timeout: float = Field(default=6.0, gt=0)
     # Router processes sharing the port (SO_REUSEPORT), one core each at most: see router/processes.py.
     workers: int = Field(default=1, ge=1, le=64)
     # Answers name the pair that served them (X-Pdcluster-Prefill/-Decode) only when this is on: worker ids are

@@ -25,6 +25,7 @@ class Worker:
     # The worker's own launcher reports SGLang's health through the registry; the router checks too.
     registry_healthy: bool = True
     probe_healthy: bool = True
+    alive: bool = True  # answers the router's liveness probe and its scheduler makes progress (router/health.py)
     failed_probes: int = 0
     in_flight: int = 0
     incompatible: str = ""
@@ -32,7 +33,7 @@ class Worker:
 
     @property
     def healthy(self) -> bool:
-        return self.registry_healthy and self.probe_healthy
+        return self.registry_healthy and self.probe_healthy and self.alive
 
     @classmethod
     def from_static(cls, role: Role, spec: StaticWorker, index: int) -> Worker:

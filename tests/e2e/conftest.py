@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
 from tests.e2e.reference import ReferenceModel
 
 MODEL_DIR = REPO / "models" / "tiny-llama"
@@ -25,7 +25,7 @@ MODEL_DIR = REPO / "models" / "tiny-llama"
 def e2e_spec() -> LocalSpec:
     return LocalSpec(
         bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=18998),
-        router=ComponentSpec(config="configs/router.yaml", port=18000),
+        router=ComponentSpec(config="tests/e2e/router.yaml", port=18000),
         prefill=WorkerGroupSpec(config="configs/prefill.yaml", count=2, first_port=31100,
                                 first_kv_bootstrap_port=19000),
         decode=WorkerGroupSpec(config="configs/decode.yaml", count=2, first_port=31200),
@@ -51,6 +51,7 @@ def cluster(demo_model, tmp_path_factory) -> LocalCluster:
         for process in local.processes.values():
             print(f"----- {process.name} -----\n{process.tail(40)}", file=sys.stderr)
         raise
+    local.supervise()  # a component that dies on its own is restarted, as under `make up` (tests/e2e/test_zz_faults.py)
     yield local
     local.stop()
 
@@ -76,6 +77,9 @@ def wait_for(predicate, timeout: float, interval: float = 0.2) -> bool:
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL, include_root: bool = True) -> None:
+    """Kill a launcher's process tree on purpose: the cluster's supervisor leaves that component down until
+    restart() (or Process.start) starts it again."""
+    hold_pid(pid)
     root = psutil.Process(pid)
     for process in [*root.children(recursive=True), *([root] if include_root else [])]:
         try:

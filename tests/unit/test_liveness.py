@@ -1,0 +1,259 @@
+"""Liveness (router/health.py): a worker that stops answering, or whose scheduler is stuck (its /health waits while
+its load snapshot stands still), is ejected within the thresholds, the requests open on it end (retried before
+their first byte, an SSE error event after), and it is readmitted once it answers again. The verdict with a fake
+clock; the whole router with fake workers that freeze like a SIGSTOPped SGLang."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+
+import httpx
+from fastapi import FastAPI, Request
+
+from pdcluster.protocol import Role
+from router.app import create_app
+from router.config import RouterConfig
+from router.health import Liveness, LivenessWatch, read_snapshot
+from router.workers import Worker, WorkerPool
+from tests.fakes import Behaviour, FakeWorker, ServerThread
+
+CONFIG = RouterConfig(liveness_interval=1.0, liveness_timeout=5.0, stall_timeout=6.0)
+
+
+def snapshot(stamp: float) -> dict:
+    return {"loads": [{"timestamp": stamp, "num_running_reqs": 1, "num_waiting_reqs": 0}]}
+
+
+# ----- the verdict, on a fake clock -----
+
+def test_a_worker_that_answers_is_live_and_one_silent_past_the_timeout_is_hung():
+    live = Liveness(last_answer=0.0, last_progress=0.0)
+    live.answered(1.0, read_snapshot(snapshot(100.0)))
+    assert live.verdict(5.9, CONFIG) == ""
+    assert live.verdict(6.1, CONFIG) == "no answer to liveness probes for 5.1s"
+    live.answered(6.2, read_snapshot(snapshot(100.0)))  # answers again: live at once
+    assert live.verdict(6.3, CONFIG) == ""
+
+
+def test_health_waiting_while_the_snapshot_stands_still_is_a_stalled_scheduler():
+    live = Liveness(last_answer=0.0, last_progress=0.0)
+    live.answered(1.0, read_snapshot(snapshot(100.0)))
+    live.health_sent(2.0)  # SGLang's /health generation waits in the scheduler from t=2
+    for t in range(2, 9):  # the HTTP side answers, the scheduler publishes nothing new
+        live.answered(float(t), read_snapshot(snapshot(100.0)))
+        assert live.verdict(float(t), CONFIG) == ""
+    live.health_sent(5.0)  # a second probe after the first failed: still waiting since t=2
+    assert live.verdict(8.5, CONFIG) == "scheduler made no progress for 6.5s (/health waiting, load snapshot still)"
+    live.answered(9.0, read_snapshot(snapshot(109.0)))  # SIGCONT: it publishes
+    assert live.verdict(9.0, CONFIG) == ""
+
+
+def test_a_slow_health_with_a_moving_snapshot_and_a_still_snapshot_with_health_answering_are_live():
+    busy = Liveness(last_answer=0.0, last_progress=0.0)
+    busy.health_sent(0.0)  # a long queue: /health waits its turn, but every batch publishes a snapshot
+    idle = Liveness(last_answer=0.0, last_progress=0.0)
+    for t in range(0, 30):
+        busy.answered(float(t), read_snapshot(snapshot(100.0 + t)))
+        idle.answered(float(t), read_snapshot(snapshot(100.0)))  # idle: nothing published, ever
+        idle.health_sent(float(t))
+        idle.health_answered()  # ... and /health answers in a second
+        assert busy.verdict(float(t), CONFIG) == "" and idle.verdict(float(t), CONFIG) == ""
+
+
+def test_snapshots_are_read_from_v1_loads_and_anything_else_is_no_snapshot():
+    assert read_snapshot({"loads": [{"timestamp": 1.5}, {"timestamp": 2.5}]}) == (1.5, 2.5)
+    assert read_snapshot({"loads": []}) is None
+    assert read_snapshot({"detail": "Not Found"}) is None and read_snapshot([1]) is None
+
+
+# ----- the router, with fake workers that freeze -----
+
+class FreezableWorker(FakeWorker):
+    """A fake SGLang worker with /v1/loads. `frozen`: nothing answers (a SIGSTOPped process tree); `stalled`: the
+    HTTP side answers but the scheduler is stuck (no token, /health waits, the snapshot stands still); `quiet`:
+    the snapshot stands still only (an idle SGLang publishes nothing)."""
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        super().__init__(behaviour)
+        self.frozen = self.stalled = self.quiet = False
+        self.stamp = time.time()
+
+    def app(self) -> FastAPI:
+        app = super().app()
+
+        @app.middleware("http")
+        async def freeze(request: Request, call_next):
+            while self.frozen or (self.stalled and request.url.path == "/health"):
+                await asyncio.sleep(0.01)
+            return await call_next(request)
+
+        @app.get("/v1/loads")
+        async def loads() -> dict:
+            if not (self.stalled or self.quiet):
+                self.stamp = time.time()
+            return {"loads": [{"timestamp": self.stamp, "num_running_reqs": 0, "num_waiting_reqs": 0}]}
+
+        return app
+
+    async def _stream(self, b: Behaviour):
+        async for chunk in super()._stream(b):
+            while self.frozen or self.stalled:
+                await asyncio.sleep(0.01)
+            yield chunk
+
+
+FAST = {"liveness_interval": 0.2, "liveness_timeout": 1.0, "stall_timeout": 1.5, "health_interval": 0.2}
+
+
+@contextmanager
+def pd_cluster(prefill: FakeWorker, decodes: list[FakeWorker], **config):
+    with ExitStack() as stack:
+        p = stack.enter_context(ServerThread(prefill.app()))
+        ds = [stack.enter_context(ServerThread(d.app())) for d in decodes]
+        cfg = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "bootstrap_port": 8999}],
+                           decode=[{"url": d.url} for d in ds], expose_worker_ids=True, **{**FAST, **config})
+        router = stack.enter_context(ServerThread(create_app(cfg)))
+        yield router.url
+        for d in decodes:  # let the servers stop
+            d.frozen = d.stalled = d.quiet = False
+
+
+def until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def healthy(url: str) -> dict[str, bool]:
+    return {w["worker_id"]: w["healthy"] for w in httpx.get(f"{url}/ready", timeout=5).json()["workers"]}
+
+
+def streamed(url: str, decodes: list[FreezableWorker], freeze: str) -> tuple[list[str], float, str]:
+    """Start a stream, freeze (or stall) its decode after the first event, read to the end."""
+    body = {"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 100}}
+    with httpx.stream("POST", f"{url}/generate", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        victim = response.headers["x-pdcluster-decode"]
+        lines = response.iter_lines()
+        events = [next(line for line in lines if line.startswith("data:"))]
+        setattr(decodes[int(victim[-1])], freeze, True)
+        frozen_at = time.monotonic()
+        events += [line for line in lines if line.startswith("data:")]
+        return events, time.monotonic() - frozen_at, victim
+
+
+def test_a_frozen_decode_is_ejected_its_stream_ends_with_an_error_and_the_other_decode_serves():
+    prefill = FakeWorker()
+    decodes = [FreezableWorker(Behaviour(chunks=100, chunk_delay=0.05)) for _ in range(2)]
+    with pd_cluster(prefill, decodes) as url:
+        events, ended_after, victim = streamed(url, decodes, "frozen")
+        assert ended_after < FAST["liveness_timeout"] + 3  # the threshold, plus a busy machine's slack
+        assert events[-1] != "data: [DONE]"
+        error = json.loads(events[-1].removeprefix("data: "))["error"]
+        assert error["code"] == 502 and "decode" in error["message"] and victim in error["message"]
+        assert healthy(url)[victim] is False
+        other = {"static-decode-0", "static-decode-1"} - {victim}
+        served = {httpx.post(f"{url}/generate", json={"text": "next"}, timeout=10).headers["x-pdcluster-decode"]
+                  for _ in range(4)}
+        assert served == other
+        decodes[int(victim[-1])].frozen = False  # SIGCONT
+        assert until(lambda: healthy(url)[victim], timeout=5)
+
+
+def test_a_request_waiting_on_a_frozen_decode_is_retried_on_the_other_one():
+    prefill = FakeWorker()
+    decodes = [FreezableWorker(Behaviour(chunks=3)) for _ in range(2)]
+    with pd_cluster(prefill, decodes) as url:
+        decodes[0].frozen = True
+        started = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:  # round robin: some of them land on the frozen decode first
+            answers = list(pool.map(lambda i: httpx.post(f"{url}/generate", json={"text": f"q{i}"}, timeout=30),
+                                    range(4)))
+        assert [a.status_code for a in answers] == [200] * 4
+        assert {a.headers["x-pdcluster-decode"] for a in answers} == {"static-decode-1"}
+        assert time.monotonic() - started < FAST["liveness_timeout"] + 4
+
+
+def test_a_stalled_scheduler_is_ejected_though_its_http_side_answers():
+    prefill = FakeWorker()
+    decodes = [FreezableWorker(Behaviour(chunks=100, chunk_delay=0.05)) for _ in range(2)]
+    with pd_cluster(prefill, decodes) as url:
+        events, ended_after, victim = streamed(url, decodes, "stalled")
+        assert FAST["stall_timeout"] - 0.5 < ended_after < FAST["stall_timeout"] + 3
+        assert "error" in json.loads(events[-1].removeprefix("data: "))
+        assert healthy(url)[victim] is False
+        decodes[int(victim[-1])].stalled = False
+        assert until(lambda: healthy(url)[victim], timeout=5)
+
+
+def test_workers_whose_snapshot_stands_still_but_whose_health_answers_stay_in():
+    prefill = FakeWorker()
+    decodes = [FreezableWorker(Behaviour(chunks=40, chunk_delay=0.1)) for _ in range(2)]
+    with pd_cluster(prefill, decodes) as url:
+        ejected = threading.Event()
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                if not all(healthy(url).values()):
+                    ejected.set()
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            with httpx.stream("POST", f"{url}/generate", json={"text": "slow", "stream": True}, timeout=30) as r:
+                busy = int(r.headers["x-pdcluster-decode"][-1])
+                # Neither publishes (a live idle SGLang looks so), and /health answers.
+                decodes[0].quiet = decodes[1].quiet = True
+                events = [line for line in r.iter_lines() if line.startswith("data:")]
+        finally:
+            done.set()
+            watcher.join()
+        assert events[-1] == "data: [DONE]"  # 4 s of streaming, more than twice the stall timeout
+        assert busy in (0, 1)
+        assert not ejected.is_set()
+
+
+def test_time_the_router_itself_was_stalled_counts_against_no_worker():
+    """A router whose event loop was blocked for 20 s (or that was SIGSTOPped) must not wake up and eject every
+    worker, ending every request, for not having answered meanwhile."""
+    clock = [100.0]
+    answering = [True]
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if not answering[0]:
+            await asyncio.sleep(3600)
+        return httpx.Response(200, json=snapshot(clock[0]))
+
+    async def scenario() -> list[bool]:
+        pool = WorkerPool()
+        worker = Worker("d", Role.DECODE, "http://decode")
+        pool.workers["d"] = worker
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            watch = LivenessWatch(CONFIG, pool, client, None, clock=lambda: clock[0])
+            seen = []
+            for step in (1.0, 1.0, 20.0, 1.0):  # the third tick comes 20 s late
+                clock[0] += step
+                watch.tick()  # the verdict, before this tick's probe could answer
+                seen.append(worker.alive)
+                await asyncio.sleep(0.05)  # the probes answer
+            answering[0] = False  # now the worker stops answering: that is noticed as usual
+            for _ in range(7):
+                clock[0] += 1.0
+                watch.tick()
+                await asyncio.sleep(0.01)
+            seen.append(worker.alive)
+            for live in watch.states.values():
+                live.task.cancel()
+            return seen
+
+    assert asyncio.run(scenario()) == [True, True, True, True, False]
