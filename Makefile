@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
 
-.PHONY: setup system-packages venv model test unit e2e up bench clean
+.PHONY: setup system-packages venv model test unit e2e test-compose up bench chaos clean
 
 setup: system-packages venv model
 
@@ -37,11 +37,19 @@ unit:
 e2e:
 	$(PY) -m pytest tests/e2e
 
+# `docker compose --profile cpu up` for real (part of `make test`): see the README's docker compose section.
+test-compose:
+	$(PY) -m pytest tests/compose
+
 up:
 	$(PY) -m pdcluster.local --config configs/local.yaml
 
 bench:
 	$(PY) -m bench.router
+
+# Faults one at a time under load on a local 2P+2D cluster (~10 min): bench/results/chaos.json and .png.
+chaos:
+	$(PY) -m bench.chaos
 
 clean:
 	rm -rf $(VENV) models *.egg-info

@@ -100,8 +100,9 @@ def test_topology_scales_and_splits_gpu_from_cpu(compose):
         assert service["volumes"][0] == "./configs:/app/configs:ro", name
         build = service["build"]
         assert build["context"] == "." and build["dockerfile"] == "docker/Dockerfile"
-        extra = build["args"]["MOONCAKE_EXTRA"]
-        assert service["image"] == f"pdcluster:{extra}", f"{name}: one tag per Mooncake build"
+        assert build["secrets"] == ["extra_ca"], f"{name}: the optional extra CA bundle, a build secret"
+        extra = build["target"]
+        assert service["image"] == f"pdcluster:{extra}", f"{name}: one tag per Dockerfile target"
         if name in GPU_WORKERS:
             assert service["profiles"] == ["gpu"] and extra == "gpu"
             devices = service["deploy"]["resources"]["reservations"]["devices"]
@@ -112,11 +113,21 @@ def test_topology_scales_and_splits_gpu_from_cpu(compose):
         if name != "bootstrap":
             assert service["depends_on"] == {"bootstrap": {"condition": "service_healthy"}}, name
         if name == "router":
-            assert service["ports"] == ["8000:8000"]
+            assert service["ports"] == ["${PDCLUSTER_PUBLISH_ADDR:-127.0.0.1}:${PDCLUSTER_PUBLISH_PORT:-8000}:8000"]
         else:
             assert "ports" not in service, f"{name}: only the router publishes a port"
     for a, b in (("prefill", "prefill-cpu"), ("decode", "decode-cpu")):
         assert services[a]["command"][:2] == services[b]["command"][:2]
+    assert compose["secrets"] == {"extra_ca": {"file": "${PDCLUSTER_EXTRA_CA:-/dev/null}"}}
+
+
+def test_dockerfile_has_both_targets_and_no_frontend_pull():
+    """The targets compose names exist; no `# syntax=` line (BuildKit would pull a frontend image from a registry)."""
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    stages = {name: base for base, name in re.findall(r"^FROM (\S+) AS (\S+)$", dockerfile, re.M)}
+    assert stages["cpu-system"] == "debian:bookworm-slim" and stages["cpu"] == "cpu-system"
+    assert stages["gpu-system"].startswith("nvidia/cuda:") and stages["gpu"] == "gpu-system"
+    assert not re.search(r"^#\s*syntax\s*=", dockerfile, re.M | re.I)
 
 
 def service_config(service: dict) -> tuple[Path, dict]:
