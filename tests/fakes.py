@@ -119,3 +119,13 @@ class ServerThread:
     def __exit__(self, *_exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def until(predicate, timeout: float = 15.0, interval: float = 0.02) -> bool:
+    """Poll `predicate` until it holds or `timeout` seconds pass (generous timeouts: the machine may be busy)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False

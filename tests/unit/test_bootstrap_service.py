@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from bootstrap.app import create_app
 from bootstrap.config import BootstrapConfig
+from tests.fakes import until
 
 
 def registration(worker_id: str, role: str = "decode", page_size: int = 1, **extra) -> dict:
@@ -38,13 +39,6 @@ def test_register_list_heartbeat_deregister():
         assert c.post("/v1/workers/d1/heartbeat", json={}).status_code == 404
 
 
-def until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_silent_worker_leaves_the_listing_after_the_ttl():

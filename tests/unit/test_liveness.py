@@ -20,7 +20,7 @@ from router.app import create_app
 from router.config import RouterConfig
 from router.health import Liveness, LivenessWatch, read_snapshot
 from router.workers import Worker, WorkerPool
-from tests.fakes import Behaviour, FakeWorker, ServerThread
+from tests.fakes import Behaviour, FakeWorker, ServerThread, until
 
 CONFIG = RouterConfig(liveness_interval=1.0, liveness_timeout=5.0, stall_timeout=6.0)
 
@@ -123,13 +123,6 @@ def pd_cluster(prefill: FakeWorker, decodes: list[FakeWorker], **config):
             d.frozen = d.stalled = d.quiet = False
 
 
-def until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def healthy(url: str) -> dict[str, bool]:

@@ -13,6 +13,7 @@ import pytest
 
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, Process, WorkerGroupSpec, hold_pid
 from pdcluster.restarts import Backoff, RestartPolicy
+from tests.fakes import until
 
 
 class Clock:
@@ -89,13 +90,6 @@ def fake_cluster(tmp_path: Path, lines: list[str]) -> LocalCluster:
     return cluster
 
 
-def until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_a_killed_component_is_restarted_and_counted(tmp_path):

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.app import create_app
 from router.config import RouterConfig
-from tests.fakes import Behaviour, FakeWorker, ServerThread
+from tests.fakes import Behaviour, FakeWorker, ServerThread, until
 
 
 @contextmanager
@@ -26,13 +26,6 @@ def cluster(prefill: FakeWorker, decode: FakeWorker, **config):
         yield router.url
 
 
-def until(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_both_halves_get_the_same_request_with_pd_fields_and_the_answer_is_decodes():
