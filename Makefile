@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
 
-.PHONY: setup system-packages venv model test unit e2e test-compose up bench chaos clean
+.PHONY: setup system-packages venv model test unit e2e test-compose up bench chaos bench-persistence clean
 
 setup: system-packages venv model
 
@@ -50,6 +50,11 @@ bench:
 # Faults one at a time under load on a local 2P+2D cluster (~10 min): bench/results/chaos.json and .png.
 chaos:
 	$(PY) -m bench.chaos
+
+# TTFT of long prompts cold, from the KV store on disk after a restart, and from memory (~6 min):
+# bench/results/persistence.json and .png.
+bench-persistence:
+	$(PY) -m bench.persistence
 
 clean:
 	rm -rf $(VENV) models *.egg-info

@@ -6,6 +6,11 @@ that SGLang can serve on CPU, so the PD-disaggregated cluster can be tested end 
 compared token-for-token against a plain `transformers` reference (scripts/reference_generate.py).
 
 Usage: python scripts/build_demo_model.py [--out models/tiny-llama] [--force]
+       [--seed N] [--layers N] [--hidden N] [--intermediate N] [--heads N] [--kv-heads N] [--max-positions N]
+       [--initializer-range X]
+With no size/seed option the result is the demo model, byte for byte. Other seeds give other weights with the same
+tokenizer (tests: a model that must never read the demo model's stored KV); other sizes give a model whose prefill
+costs seconds on a CPU (bench/persistence.py).
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ def corpus() -> list[str]:
     return list(docs)
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(max_positions: int = 2048) -> PreTrainedTokenizerFast:
     # Byte-level BPE with the full 256-byte alphabet: any UTF-8 text encodes without <unk>, and
     # no normalizer, so decode(encode(text)) == text exactly.
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -85,20 +90,27 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        pad_token="<pad>", add_bos_token=True, add_eos_token=False, model_max_length=2048,
+        pad_token="<pad>", add_bos_token=True, add_eos_token=False, model_max_length=max_positions,
         clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE,
     )
 
 
-def build_model(tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+# The demo model's shape; every one can be changed on the command line (the defaults build the demo model).
+SHAPE = {"layers": 2, "hidden": 64, "intermediate": 128, "heads": 4, "kv_heads": 4, "max_positions": 2048}
+
+
+def build_model(tok: PreTrainedTokenizerFast, seed: int = SEED, initializer_range: float = INITIALIZER_RANGE,
+                **shape: int) -> LlamaForCausalLM:
+    shape = {**SHAPE, **shape}
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
+        vocab_size=len(tok), hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"], max_position_embeddings=shape["max_positions"],
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id, tie_word_embeddings=False, dtype="float32",
-        initializer_range=INITIALIZER_RANGE, architectures=["LlamaForCausalLM"],
+        initializer_range=initializer_range, architectures=["LlamaForCausalLM"],
     )
-    torch.manual_seed(SEED)  # the only source of randomness in the weights
+    torch.manual_seed(seed)  # the only source of randomness in the weights
     return LlamaForCausalLM(config).to(torch.float32).eval()
 
 
@@ -106,10 +118,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="models/tiny-llama", help="output dir (relative to repo root)")
     ap.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    ap.add_argument("--seed", type=int, default=SEED, help="weights' random seed (other seed: other weights)")
+    for name, value in SHAPE.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=value, help=f"default {value}")
+    ap.add_argument("--initializer-range", type=float, default=INITIALIZER_RANGE)
     args = ap.parse_args()
     transformers.utils.logging.disable_progress_bar()  # keep output to the one summary line
     out = (REPO_ROOT / args.out).resolve()  # an absolute --out wins over REPO_ROOT
-    fingerprint = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    options = {"seed": args.seed, "initializer_range": args.initializer_range,
+               **{name: getattr(args, name) for name in SHAPE}}
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    if options != {"seed": SEED, "initializer_range": INITIALIZER_RANGE, **SHAPE}:
+        digest.update(json.dumps(options, sort_keys=True).encode())  # another model: rebuilt when an option changes
+    fingerprint = digest.hexdigest()
 
     info_path = out / "build-info.json"
     if not args.force and info_path.is_file():
@@ -123,13 +144,13 @@ def main() -> None:
     # that a later run would mistake for a finished one.
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tok = build_tokenizer()
-    model = build_model(tok)
+    tok = build_tokenizer(args.max_positions)
+    model = build_model(tok, **options)
     tok.save_pretrained(tmp)
     model.save_pretrained(tmp)  # safetensors, float32
     n_params = sum(p.numel() for p in model.parameters())
     info = {
-        "fingerprint": fingerprint, "seed": SEED, "initializer_range": INITIALIZER_RANGE,
+        "fingerprint": fingerprint, **options,
         "vocab_size": len(tok), "num_parameters": n_params,
         "python": sys.version.split()[0], "torch": torch.__version__,
         "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
