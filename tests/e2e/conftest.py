@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +17,7 @@ import pytest
 
 from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
 from tests.e2e.reference import ReferenceModel
+from tests.fakes import until
 
 MODEL_DIR = REPO / "models" / "tiny-llama"
 
@@ -68,12 +68,7 @@ def reference(demo_model) -> ReferenceModel:
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False
+    return until(predicate, timeout, interval)  # the unit tests' helper, polling a real cluster less often
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL, include_root: bool = True) -> None:
