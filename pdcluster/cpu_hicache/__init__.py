@@ -8,7 +8,9 @@ device. When active it first checks every SGLang internal it adapts (internals.c
      backend's read buffer, which follows the pool's setting);
   2. binds the three "direct" transfer ops, which SGLang imports from sgl_kernel only on CUDA/ROCm/XPU, to torch
      index copies (ops.py), for the layer_first and page_first_direct layouts;
-  3. refuses, when the HiCache controller is built, any io backend but `direct` and any other layout.
+  3. refuses, when the HiCache controller is built, any io backend but `direct` and any other layout;
+  4. lowers the host RAM SGLang holds back from every host pool's budget from 10 GiB to 1 GiB: on CPU the device KV
+     pool already lives in that RAM (internals.RESERVE).
 An internal missing or changed stops the process at plugin load with a message naming it and the SGLang version.
 """
 

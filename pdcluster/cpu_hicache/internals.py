@@ -20,6 +20,10 @@ OPS = ("transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_
 # The transfer methods of the MHA host pool that call the ops above by their module-global names.
 CALLERS = ("load_to_device_per_layer", "backup_from_device_all_layer")
 LAYOUTS = ("layer_first", "page_first_direct")  # the layouts the direct ops serve
+# SGLang keeps 10 GiB of host RAM out of every HiCache host pool's budget, sized for a GPU server whose RAM is
+# otherwise idle. On CPU the device KV pool (mem-fraction-static) already lives in that same RAM, so the 10 GiB
+# refused small pools on a 24 GB machine running a 2P+2D cluster ("only have -0.10 GB free"); 1 GiB keeps headroom.
+RESERVE, CPU_RESERVE_BYTES = "HICACHE_HOST_MEMORY_RESERVE_BYTES", 1 << 30
 WRITTEN_FOR = "0.5.23"
 _MISSING = object()
 _undo: list[tuple[Any, str, Any]] = []
@@ -94,11 +98,16 @@ def check() -> dict[str, Any]:
             _fail(f"{MHA} no longer calls {op} with the keyword arguments of sgl_kernel.kvcacheio.{op}")
         if getattr(mha, op, _MISSING) is not _MISSING and getattr(mha, op) is not getattr(ops, op):
             _fail(f"{MHA}.{op} is already bound on this machine without CUDA (0.5.23 binds it on CUDA/ROCm/XPU only)")
+    if not isinstance(_attr(base, RESERVE, BASE), int):
+        _fail(f"{BASE}.{RESERVE} is no longer an int")
+    budget = _attr(base, "host_memory_budget_bytes", BASE)
+    if RESERVE not in getattr(getattr(budget, "__code__", None), "co_names", ()):
+        _fail(f"{BASE}.host_memory_budget_bytes no longer reads {RESERVE}")
     hicache = _attr(controller, "HiCacheController", CONTROLLER)
     init = _params(_attr(hicache, "__init__", f"{CONTROLLER}.HiCacheController"), f"{CONTROLLER}.HiCacheController")
     if not {"mem_pool_host", "io_backend"} <= init.keys():
         _fail(f"{CONTROLLER}.HiCacheController.__init__ no longer takes mem_pool_host and io_backend")
-    return {"mha": mha, "HostKVCache": host_kv, "HiCacheController": hicache}
+    return {"base": base, "mha": mha, "HostKVCache": host_kv, "HiCacheController": hicache}
 
 
 def _set(owner: Any, name: str, value: Any) -> None:
@@ -135,8 +144,10 @@ def apply() -> list[str]:
     _set(hicache, "__init__", controller_init_direct_only)
     for op in OPS:
         _set(found["mha"], op, getattr(ops, op))
+    reserve = min(getattr(found["base"], RESERVE), CPU_RESERVE_BYTES)
+    _set(found["base"], RESERVE, reserve)
     return [f"{BASE}.HostKVCache.__init__ (pin_memory=False)", f"{CONTROLLER}.HiCacheController.__init__ (direct "
-            "io only)", *(f"{MHA}.{op} (torch)" for op in OPS)]
+            "io only)", *(f"{MHA}.{op} (torch)" for op in OPS), f"{BASE}.{RESERVE} ({reserve >> 20} MiB)"]
 
 
 def undo() -> None:

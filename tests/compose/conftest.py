@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from tests.compose.engine import Engine, EngineError, dockerfile_bases, ensure_i
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = REPO / "logs" / "compose-tests"
+PROJECT_PREFIX = "pdcluster-test-"
 PROFILE = "cpu"
 UP_TIMEOUT = 900        # seconds for the workers to serve: SGLang starts in ~30-60 s per worker on 2 cores
 MAX_RESTARTS = 3        # a worker restarted this often is failing, not starting
@@ -48,6 +50,21 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _remove_stale_projects(eng) -> None:
+    """Containers and networks of test projects (pdcluster-test-*) an earlier, killed run left in our data root."""
+    ids = eng.docker("ps", "-aq", "--filter", "label=com.docker.compose.project", "--format",
+                     '{{.ID}} {{.Label "com.docker.compose.project"}}', check=False).stdout.decode().split("\n")
+    stale = [line.split()[0] for line in ids if len(line.split()) == 2 and line.split()[1].startswith(PROJECT_PREFIX)]
+    if stale:
+        print(f"[compose] removing {len(stale)} containers left by an earlier run", file=sys.stderr)
+        eng.docker("rm", "-f", "-v", *stale, check=False, timeout=300)
+    eng.docker("network", "prune", "--force", "--filter", "label=com.docker.compose.project", check=False)
+    volumes = eng.docker("volume", "ls", "-q", "--filter", "label=com.docker.compose.project",
+                         check=False).stdout.decode().split()
+    if stale_volumes := [v for v in volumes if v.startswith(PROJECT_PREFIX)]:
+        eng.docker("volume", "rm", "-f", *stale_volumes, check=False)
+
+
 @pytest.fixture(scope="package")
 def engine():
     if RUN_DIR.exists():
@@ -61,6 +78,9 @@ def engine():
         eng = start_engine(RUN_DIR)
     except (EngineError, OSError, subprocess.TimeoutExpired) as exc:
         _fail(f"no Docker engine for the compose tests: {exc}")
+    if eng.pid is not None:  # our daemon: a killed run's projects come back with it (restart policies); end them
+        _remove_stale_projects(eng)
+        shutil.rmtree(RUN_DIR / "router.yaml", ignore_errors=True)  # a bind source such a container made a folder
     TIMINGS["engine"] = "started for this run" if eng.pid else f"already running at {eng.host}"
     TIMINGS["engine_start_s"] = round(time.monotonic() - started, 1)
     try:
@@ -253,7 +273,7 @@ def reference(image_model):
 @pytest.fixture(scope="package")
 def project(engine, image) -> Project:
     port = free_port()
-    name = f"pdcluster-test-{os.getpid()}-{secrets.token_hex(2)}"
+    name = f"{PROJECT_PREFIX}{os.getpid()}-{secrets.token_hex(2)}"
     # The router's compose config plus expose_worker_ids, so that an answer names the pair that served it.
     router_config = yaml.safe_load((REPO / "configs" / "compose" / "router.yaml").read_text())
     router_config["expose_worker_ids"] = True

@@ -174,6 +174,23 @@ def _stale_dockerd(pidfile: Path, data_root: Path) -> int | None:
     return None
 
 
+def mount_points_under(*roots: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> list[str]:
+    """Mount points at or below any of `roots`, deepest first (octal escapes of mountinfo undone)."""
+    found = []
+    for line in mountinfo.read_text().splitlines():
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+        if any(point == str(root) or point.startswith(f"{root}/") for root in roots):
+            found.append(point)
+    return sorted(found, key=lambda p: p.count("/"), reverse=True)
+
+
+def release_mounts(*roots: Path) -> None:
+    """Detaches what a dockerd that was killed (not stopped) left mounted under its roots: its data root's bind mount,
+    container overlays, network namespaces. Without this the exec root cannot be removed and made again."""
+    for point in mount_points_under(*roots):
+        _run(["umount", "--lazy", point], check=False, timeout=30)
+
+
 def start_engine(run_dir: Path) -> Engine:
     """The running engine if one answers, else our own dockerd. Raises EngineError with the reason otherwise."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -222,8 +239,10 @@ def start_engine(run_dir: Path) -> Engine:
             return engine
         print(f"[engine] stopping dockerd {running} left by an earlier run on {data_root}", file=sys.stderr)
         _terminate(running, STOP_TIMEOUT)
+    if lock_fd is not None:  # no daemon runs on the shared roots now: what a killed one left mounted goes
+        release_mounts(exec_root, data_root)
     shutil.rmtree(exec_root, ignore_errors=True)  # sockets and state of a daemon that is gone
-    exec_root.mkdir(parents=True)
+    exec_root.mkdir(parents=True, exist_ok=True)
     socket = exec_root / "docker.sock"
     log = run_dir / "dockerd.log"
     started = time.monotonic()

@@ -116,10 +116,11 @@ def sglang_mods():
     import sglang.srt.mem_cache.pool_host.base as base
     import sglang.srt.mem_cache.pool_host.mha as mha
 
-    originals = (base.HostKVCache.__init__, controller.HiCacheController.__init__)
+    originals = (base.HostKVCache.__init__, controller.HiCacheController.__init__, base.HICACHE_HOST_MEMORY_RESERVE_BYTES)
     yield types.SimpleNamespace(base=base, mha=mha, controller=controller)
     internals.undo()
-    assert (base.HostKVCache.__init__, controller.HiCacheController.__init__) == originals
+    assert (base.HostKVCache.__init__, controller.HiCacheController.__init__,
+            base.HICACHE_HOST_MEMORY_RESERVE_BYTES) == originals
     assert not any(hasattr(mha, op) for op in internals.OPS)
 
 
@@ -151,7 +152,20 @@ def test_register_patches_and_is_idempotent(sglang_mods, monkeypatch):
     plugin.register()
     plugin.register()
     assert sglang_mods.mha.transfer_kv_direct is ops.transfer_kv_direct
-    assert len(internals._undo) == 2 + len(internals.OPS)
+    assert sglang_mods.base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 1 << 30
+    assert len(internals._undo) == 3 + len(internals.OPS)
+
+
+@needs_cpu
+def test_host_pool_budget_keeps_back_one_gib_not_ten(sglang_mods, monkeypatch):
+    """A pool that fits in free RAM minus 1 GiB is allowed, though free RAM is under SGLang's 10 GiB reserve."""
+    base = sglang_mods.base
+    monkeypatch.setattr(base, "available_host_memory_bytes", lambda **kwargs: 4 << 30)
+    monkeypatch.setattr(base, "ranks_per_host", lambda: 1)
+    assert base.host_memory_budget_bytes(1 << 30) < 0  # stock SGLang: 4 GiB free is "-6 GiB available"
+    monkeypatch.setenv(plugin.ENV_VAR, "1")
+    plugin.register()
+    assert base.host_memory_budget_bytes(1 << 30) == 3 << 30
 
 
 def _refuse_helper(self, *args, **kwargs):  # a reshaped transfer method that no longer calls the ops
@@ -166,6 +180,7 @@ CHANGES = {
     "transfer_kv_direct is already bound": lambda m, mp: mp.setattr(m.mha, "transfer_kv_direct", print,
                                                                     raising=False),
     "io_backend": lambda m, mp: mp.setattr(m.controller.HiCacheController, "__init__", lambda self, mem_pool_host: 0),
+    "HICACHE_HOST_MEMORY_RESERVE_BYTES": lambda m, mp: mp.delattr(m.base, "HICACHE_HOST_MEMORY_RESERVE_BYTES"),
     "get_dummy_flat_data_page": lambda m, mp: mp.setattr(m.mha.MHATokenToKVPoolHost, "get_dummy_flat_data_page",
                                                          lambda self: torch.zeros(1, pin_memory=True)),
 }
