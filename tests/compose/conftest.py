@@ -30,7 +30,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.compose.engine import Engine, EngineError, dockerfile_bases, ensure_image, start_engine
+from tests.compose.base_image import dockerfile_bases, ensure_image
+from tests.compose.engine import Engine, EngineError, start_engine
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = REPO / "logs" / "compose-tests"
