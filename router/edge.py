@@ -16,9 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from pdcluster.http import error_body, read_body
+from pdcluster.http import error_parts, read_body
 
 
 @dataclass
@@ -35,15 +33,8 @@ class StreamAnswer:
     headers: dict[str, str] = field(default_factory=lambda: {"content-type": "text/event-stream"})
 
 
-def json_answer(status: int, payload: Any) -> Answer:
-    return Answer(status, orjson.dumps(payload))
-
-
 def error_answer(status: int, message: str, param: str | None = None) -> Answer:
-    answer = json_answer(status, error_body(status, message, param))
-    if status == 401:
-        answer.headers["www-authenticate"] = "Bearer"
-    return answer
+    return Answer(status, *error_parts(status, message, param))
 
 
 # Watching for a disconnect costs a task per request (~10% of the router's CPU at 256 clients), and only matters
@@ -117,9 +108,9 @@ class Edge:
         if route is None:
             await self.app(scope, receive, send)
         else:
-            await self._serve(route, scope, receive, send)
+            await self._respond(route, scope, receive, send)
 
-    async def _serve(self, route: Route, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+    async def _respond(self, route: Route, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         task, gone = asyncio.current_task(), []
 
         def on_disconnect() -> None:
