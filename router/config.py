@@ -37,8 +37,8 @@ class StaticWorker(BaseModel):
             for old in ("bootstrap_host", "bootstrap_port"):
                 if old in data:
                     logging.getLogger("pdcluster.router").warning(
-                        f"static worker {data.get('url')}: {old} is deprecated; use kv_{old} (it names the SGLang KV bootstrap "
-                        f"server, not the bootstrap service)")
+                        f"static worker {data.get('url')}: {old} is deprecated; use kv_{old} (it names the SGLang KV "
+                        f"bootstrap server, not the bootstrap service)")
         return data
 
     @field_validator("url")

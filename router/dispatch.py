@@ -36,6 +36,7 @@ log = logging.getLogger("pdcluster.router")
 
 _JSON = {"content-type": "application/json"}
 _ABORT_TIMEOUT = 5.0  # seconds an /abort_request may take
+_PASSED_ON = ("content-type", "content-encoding")  # the decode's headers that reach the client
 
 
 class Dispatcher:
@@ -69,7 +70,7 @@ class Dispatcher:
         prefill, decode = lease.prefill, lease.decode
         try:
             response = await self._decode_head(request, decode, raw, prefill_half)
-            passthrough = {k: response.headers[k] for k in ("content-type", "content-encoding") if k in response.headers}
+            passthrough = {k: v for k in _PASSED_ON if (v := response.headers.get(k)) is not None}
             if request.stream:
                 return StreamAnswer(response.status, self._relay(request, lease.hand_over(), response, prefill_half),
                                     passthrough)
