@@ -52,7 +52,7 @@ def mark_failed(worker: Worker, threshold: int) -> None:
 async def probe_forever(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient,
                         upstream: UpstreamClient | None = None) -> None:
     """Probe every worker each health_interval; a slow probe (SGLang's /health generates a token) delays only its
-    own worker's next probe, never the others'. Liveness (see the module's docstring) runs beside it; `upstream`
+    own worker's next probe, never the others'. Liveness (router/liveness.py) runs beside it; `upstream`
     is the data plane's client, whose exchanges with a hung worker are ended."""
     running: dict[str, asyncio.Task] = {}
     watch = LivenessWatch(config, pool, client, upstream)

@@ -18,9 +18,9 @@ class PrefillHalf:
 
     def __init__(self, client: UpstreamClient, worker: Worker, path: str, body: bytes, headers: dict[str, str]):
         self.client, self.worker, self.path, self.body, self.headers = client, worker, path, body, headers
-        self.future = self._start()
         self.failure: HalfFailed | None = None
-        self._decode: UpstreamResponse | None = None
+        self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
+        self.future = self._start()
         self.future.add_done_callback(self._done)
 
     def _start(self) -> asyncio.Future:
