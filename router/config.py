@@ -88,7 +88,7 @@ class RouterConfig(BaseModel):
     health_timeout: float = Field(default=25.0, gt=0)
     # Consecutive failed health checks before a worker is ejected; one success readmits it.
     unhealthy_threshold: int = Field(default=2, ge=1)
-    # Liveness, apart from /health (router/health.py; thresholds measured in docs/faults.md): every
+    # Liveness, apart from /health (router/liveness.py; thresholds measured in docs/faults.md): every
     # liveness_interval each worker's /v1/loads is asked (SGLang's HTTP process answers it from shared memory).
     # No answer for liveness_timeout seconds, or a scheduler whose load snapshot has not moved for stall_timeout
     # seconds while it has work: the worker is hung, ejected, and the requests open on it are ended (retried on

@@ -29,7 +29,7 @@ class Worker:
     # The worker's own launcher reports SGLang's health through the registry; the router checks too.
     registry_healthy: bool = True
     probe_healthy: bool = True
-    alive: bool = True  # answers the router's liveness probe and its scheduler makes progress (router/health.py)
+    alive: bool = True  # answers the router's liveness probe and its scheduler makes progress (router/liveness.py)
     failed_probes: int = 0
     in_flight: int = 0
     incompatible: str = ""
