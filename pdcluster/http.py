@@ -8,9 +8,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -35,9 +36,17 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
     return ErrorBody(error=detail).model_dump()
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+def error_parts(status: int, message: str, param: str | None = None) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of every error answer, whatever sends it (FastAPI below, the router's edge)."""
+    headers = {"content-type": "application/json"}
+    if status == 401:
+        headers["www-authenticate"] = "Bearer"
+    return orjson.dumps(error_body(status, message, param)), headers
+
+
+def error_response(status: int, message: str, param: str | None = None) -> Response:
+    body, headers = error_parts(status, message, param)
+    return Response(body, status_code=status, headers=headers)
 
 
 def first_validation_problem(exc: ValidationError | RequestValidationError) -> tuple[str, str]:
@@ -50,16 +59,16 @@ def first_validation_problem(exc: ValidationError | RequestValidationError) -> t
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(_request: Request, exc: ApiError) -> Response:
         return error_response(exc.status, exc.message, exc.param)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(_request: Request, exc: RequestValidationError) -> Response:
         field, message = first_validation_problem(exc)
         return error_response(400, f"{field}: {message}", field)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(_request: Request, exc: StarletteHTTPException) -> Response:
         return error_response(exc.status_code, str(exc.detail))
 
 

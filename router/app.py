@@ -13,15 +13,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
-from router import health
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
+from router.discovery import follow_registry
 from router.dispatch import Dispatcher
 from router.edge import Edge
-from router.failures import HalfFailed
+from router.health import probe_forever
 from router.metrics import RouterMetrics
 from router.policies import make_policy
-from router.serve import PdService
+from router.policies.pairing import Pairing
+from router.service import PdService
 from router.upstream import UpstreamClient
 from router.validation import check_chat, check_completion, check_generate
 from router.workers import Worker, WorkerPool
@@ -42,17 +43,10 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
     pool.add_static(Role.DECODE, config.decode)
     api_key = config.resolved_api_key()
     metrics = RouterMetrics(pool)
-    pd = PdService(config, pool, make_policy(config.prefill_policy), make_policy(config.decode_policy), metrics,
-                   api_key)
-    background: set[asyncio.Task] = set()
+    pairing = Pairing(pool, make_policy(config.prefill_policy), make_policy(config.decode_policy))
+    pd = PdService(config, pairing, metrics, api_key)
+    background: set[asyncio.Future] = set()
     state: dict[str, Any] = {}
-
-    def on_failure(failure: HalfFailed) -> None:
-        if failure.counts_against_worker:
-            failure.worker.breaker.on_failure()
-        if failure.transport:  # unreachable or dropped the connection: out of rotation until a probe succeeds
-            health.mark_failed(failure.worker, threshold=1)
-            metrics.ejections.labels(failure.worker.role.value).inc()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -61,11 +55,11 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         # Control plane (discovery, probes, model info): httpx. Data plane (every request's two halves): upstream.
         client = httpx.AsyncClient(limits=limits, timeout=timeout)
         upstream = UpstreamClient(config.connect_timeout, config.read_timeout)
-        pd.dispatcher = Dispatcher(upstream, metrics, background, config.first_byte_timeout, on_failure)
+        pd.dispatcher = Dispatcher(upstream, metrics, background, config)
         state["client"] = client
-        tasks = [asyncio.create_task(health.probe_forever(config, pool, client, upstream))]
+        tasks = [asyncio.create_task(probe_forever(config, pool, client, upstream))]
         if config.bootstrap_url:
-            tasks.append(asyncio.create_task(health.follow_registry(config, pool, client)))
+            tasks.append(asyncio.create_task(follow_registry(config, pool, client)))
         if metrics.multiprocess:
             tasks.append(asyncio.create_task(_sample_every_second(metrics)))
         yield

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
+from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, HttpUrl, field_validator,
+                      model_validator)
+
+from router.policies import known_policy
+
+PolicyName = Annotated[str, AfterValidator(known_policy)]
 
 
 class StaticWorker(BaseModel):
@@ -13,13 +19,27 @@ class StaticWorker(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     url: HttpUrl
-    # A prefill's SGLang KV bootstrap server (what decode fetches KV metadata from).
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    # A prefill's SGLang KV bootstrap server (what decode fetches KV metadata from); the host defaults to the url's.
+    # Not the bootstrap service (bootstrap_url). Deprecated names, still accepted: bootstrap_host, bootstrap_port.
+    kv_bootstrap_host: str | None = Field(default=None, validation_alias=AliasChoices("kv_bootstrap_host",
+                                                                                      "bootstrap_host"))
+    kv_bootstrap_port: int | None = Field(default=None, ge=1, le=65535,
+                                          validation_alias=AliasChoices("kv_bootstrap_port", "bootstrap_port"))
     # The model's vocabulary size and context length: token ids in requests are checked against them (discovered
     # workers register theirs; without vocab_size, requests given as token ids are refused).
     vocab_size: int | None = Field(default=None, ge=1)
     context_length: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old in ("bootstrap_host", "bootstrap_port"):
+                if old in data:
+                    logging.getLogger("pdcluster.router").warning(
+                        f"static worker {data.get('url')}: {old} is deprecated; use kv_{old} (it names the SGLang KV "
+                        f"bootstrap server, not the bootstrap service)")
+        return data
 
     @field_validator("url")
     @classmethod
@@ -40,8 +60,8 @@ class RouterConfig(BaseModel):
     bootstrap_token: str | None = None
     prefill: list[StaticWorker] = []
     decode: list[StaticWorker] = []
-    prefill_policy: str = "round_robin"
-    decode_policy: str = "round_robin"
+    prefill_policy: PolicyName = "round_robin"
+    decode_policy: PolicyName = "round_robin"
     # Clients must send `Authorization: Bearer <api_key>` when set (or env PDCLUSTER_API_KEY).
     api_key: str | None = None
     # Parsing a JSON body holds the event loop ~10-30 ms per MiB (orjson; more on a busy machine): the bound keeps
@@ -68,7 +88,7 @@ class RouterConfig(BaseModel):
     health_timeout: float = Field(default=25.0, gt=0)
     # Consecutive failed health checks before a worker is ejected; one success readmits it.
     unhealthy_threshold: int = Field(default=2, ge=1)
-    # Liveness, apart from /health (router/health.py; thresholds measured in docs/faults.md): every
+    # Liveness, apart from /health (router/liveness.py; thresholds measured in docs/faults.md): every
     # liveness_interval each worker's /v1/loads is asked (SGLang's HTTP process answers it from shared memory).
     # No answer for liveness_timeout seconds, or a scheduler whose load snapshot has not moved for stall_timeout
     # seconds while it has work: the worker is hung, ejected, and the requests open on it are ended (retried on
@@ -88,18 +108,9 @@ class RouterConfig(BaseModel):
     @model_validator(mode="after")
     def _static_prefills_have_bootstrap(self) -> RouterConfig:
         for worker in self.prefill:
-            if worker.bootstrap_port is None:
-                raise ValueError(f"prefill {worker.url}: bootstrap_port is required for a static prefill")
+            if worker.kv_bootstrap_port is None:
+                raise ValueError(f"prefill {worker.url}: kv_bootstrap_port is required for a static prefill")
         return self
-
-    @field_validator("prefill_policy", "decode_policy")
-    @classmethod
-    def _known_policy(cls, name: str) -> str:
-        from router.policies import REGISTRY  # late: policies import the worker model, which imports this module
-
-        if name not in REGISTRY:
-            raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(REGISTRY))}")
-        return name
 
     def resolved_api_key(self) -> str | None:
         return self.api_key or os.environ.get("PDCLUSTER_API_KEY") or None

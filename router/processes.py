@@ -31,7 +31,7 @@ log = logging.getLogger("pdcluster.router")
 STARTUP_FAILURE = 3  # uvicorn's exit status when the app fails to start
 
 
-def serve(config: RouterConfig, sock: socket.socket | None = None) -> int:
+def run_process(config: RouterConfig, sock: socket.socket | None = None) -> int:
     """Run one router process until SIGINT/SIGTERM (uvicorn's graceful shutdown)."""
     import uvicorn
 
@@ -53,7 +53,7 @@ def serve(config: RouterConfig, sock: socket.socket | None = None) -> int:
 
 
 def run(config: RouterConfig) -> int:
-    return serve(config) if config.workers == 1 else _supervise(config)
+    return run_process(config) if config.workers == 1 else _supervise(config)
 
 
 def _reuseport_socket(host: str, port: int) -> socket.socket:
@@ -71,7 +71,7 @@ def _child(config_json: str, index: int) -> None:
     die_with_parent(signal.SIGTERM)  # never outlive the parent: it owns the metrics directory and the other children
     config = RouterConfig.model_validate_json(config_json)
     setup_logging(f"router-{index}", config.log_level, json_lines=config.log_format == "json")
-    sys.exit(serve(config, _reuseport_socket(config.host, config.port)))
+    sys.exit(run_process(config, _reuseport_socket(config.host, config.port)))
 
 
 def _supervise(config: RouterConfig) -> int:

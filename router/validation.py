@@ -102,10 +102,21 @@ class Checked:
 
     batch_size: int | None  # None: a single request; N: a batch of N items (SGLang wants lists of rooms)
     stream: bool
-    hint: str  # at most HINT_CHARS of the prompt, for prefix-affinity policies
+    first_prompt: Any  # as given (text, token ids, a chat message's content): what `hint` is made of
     token_ids: str | None = None  # the field holding prompts given as token ids, if any
     prompts: tuple[list, ...] = ()  # those prompts, one list of ids each
     client_rid: str | None = None  # for the logs
+
+    @property
+    def hint(self) -> str:
+        """At most HINT_CHARS of the first prompt, as text, for prefix-affinity policies. Made on demand: only they
+        need it, and a prompt that is not text costs a serialization."""
+        prompt = self.first_prompt
+        if isinstance(prompt, str):
+            return prompt[:HINT_CHARS]
+        if self.token_ids is not None:
+            return orjson.dumps(prompt[:HINT_CHARS // 4]).decode()[:HINT_CHARS]
+        return orjson.dumps(prompt)[:HINT_CHARS].decode(errors="ignore")  # a chat message's content parts
 
 
 @dataclass(frozen=True)
@@ -175,27 +186,23 @@ def _id_prompts(value: list, field: str) -> tuple[int | None, tuple[list, ...]]:
     return None, (value,)
 
 
-def _ids_hint(ids: list) -> str:
-    return orjson.dumps(ids[:HINT_CHARS // 4]).decode()[:HINT_CHARS]
-
-
 def check_generate(body: dict[str, Any]) -> Checked:
     req = _parse(GenerateRequest, body)
     params = req.sampling_params if isinstance(req.sampling_params, list) else [req.sampling_params]
     for p in params:
         _refuse_parallel_samples(p.n if p else None, "sampling_params.n")
-    batch_size, prompts, hint = None, (), ""
+    batch_size, prompts, first = None, (), ""
     if isinstance(req.text, list):
-        batch_size, hint = len(req.text), req.text[0][:HINT_CHARS]
+        batch_size, first = len(req.text), req.text[0]
     elif req.text is not None:
-        hint = req.text[:HINT_CHARS]
+        first = req.text
     elif req.input_ids is not None:
         batch_size, prompts = _id_prompts(req.input_ids, "input_ids")
-        hint = _ids_hint(prompts[0])
+        first = prompts[0]
     if isinstance(req.sampling_params, list) and len(req.sampling_params) != (batch_size or 1):
         raise ApiError(400, f"sampling_params has {len(req.sampling_params)} items for {batch_size or 1} inputs",
                        "sampling_params")
-    return Checked(batch_size, req.stream, hint, "input_ids" if prompts else None, prompts,
+    return Checked(batch_size, req.stream, first, "input_ids" if prompts else None, prompts,
                    _client_rid(req.rid, batch_size))
 
 
@@ -204,18 +211,16 @@ def check_completion(body: dict[str, Any]) -> Checked:
     _refuse_parallel_samples(req.n, "n")
     prompt = req.prompt
     if isinstance(prompt, str):
-        return Checked(None, req.stream, prompt[:HINT_CHARS], client_rid=_client_rid(req.rid, None))
+        return Checked(None, req.stream, prompt, client_rid=_client_rid(req.rid, None))
     if not prompt:
         raise ApiError(400, "prompt is empty", "prompt")
     if all(isinstance(p, str) for p in prompt):  # a batch of texts
-        return Checked(len(prompt), req.stream, prompt[0][:HINT_CHARS], client_rid=_client_rid(req.rid, len(prompt)))
+        return Checked(len(prompt), req.stream, prompt[0], client_rid=_client_rid(req.rid, len(prompt)))
     batch_size, prompts = _id_prompts(prompt, "prompt")
-    return Checked(batch_size, req.stream, _ids_hint(prompts[0]), "prompt", prompts, _client_rid(req.rid, batch_size))
+    return Checked(batch_size, req.stream, prompts[0], "prompt", prompts, _client_rid(req.rid, batch_size))
 
 
 def check_chat(body: dict[str, Any]) -> Checked:
     req = _parse(ChatCompletionRequest, body)
     _refuse_parallel_samples(req.n, "n")
-    first = body["messages"][0].get("content")
-    hint = first[:HINT_CHARS] if isinstance(first, str) else orjson.dumps(first)[:HINT_CHARS].decode(errors="ignore")
-    return Checked(None, req.stream, hint, client_rid=req.rid)
+    return Checked(None, req.stream, body["messages"][0].get("content"), client_rid=req.rid)

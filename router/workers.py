@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
 from router.breaker import CircuitBreaker
-from router.config import StaticWorker
+
+if TYPE_CHECKING:  # type only: the config checks policy names, and policies import this module
+    from router.config import StaticWorker
 
 
 @dataclass(eq=False)
@@ -16,8 +19,9 @@ class Worker:
     worker_id: str
     role: Role
     url: str
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = None
+    # A prefill's SGLang KV bootstrap server (what its decode fetches KV metadata from; SGLang's bootstrap_host/port).
+    kv_bootstrap_host: str | None = None
+    kv_bootstrap_port: int | None = None
     identity: ModelIdentity | None = None  # None for static workers: compatible with anything
     vocab_size: int | None = None  # token ids must be below it
     context_length: int | None = None
@@ -25,7 +29,7 @@ class Worker:
     # The worker's own launcher reports SGLang's health through the registry; the router checks too.
     registry_healthy: bool = True
     probe_healthy: bool = True
-    alive: bool = True  # answers the router's liveness probe and its scheduler makes progress (router/health.py)
+    alive: bool = True  # answers the router's liveness probe and its scheduler makes progress (router/liveness.py)
     failed_probes: int = 0
     in_flight: int = 0
     incompatible: str = ""
@@ -38,9 +42,9 @@ class Worker:
     @classmethod
     def from_static(cls, role: Role, spec: StaticWorker, index: int) -> Worker:
         url = str(spec.url).rstrip("/")
-        host = spec.bootstrap_host or urlparse(url).hostname
+        host = spec.kv_bootstrap_host or urlparse(url).hostname
         return cls(f"static-{role.value}-{index}", role, url, host if role is Role.PREFILL else None,
-                   spec.bootstrap_port, vocab_size=spec.vocab_size, context_length=spec.context_length, static=True)
+                   spec.kv_bootstrap_port, vocab_size=spec.vocab_size, context_length=spec.context_length, static=True)
 
     @classmethod
     def from_registration(cls, reg: WorkerRegistration) -> Worker:
@@ -55,6 +59,8 @@ class Worker:
 class WorkerPool:
     workers: dict[str, Worker] = field(default_factory=dict)
     make_breaker: Callable[[], CircuitBreaker] = CircuitBreaker
+    # Told the id of every worker that leaves the pool (policies forget what they kept about it).
+    on_removed: list[Callable[[str], None]] = field(default_factory=list)
 
     def _add(self, worker: Worker) -> Worker:
         worker.breaker = self.make_breaker()
@@ -75,8 +81,8 @@ class WorkerPool:
             seen.add(reg.worker_id)
             current = self.workers.get(reg.worker_id)
             fresh = Worker.from_registration(reg)
-            if current is None or (current.url, current.bootstrap_port, current.identity, current.vocab_size,
-                                   current.context_length) != (fresh.url, fresh.bootstrap_port, fresh.identity,
+            if current is None or (current.url, current.kv_bootstrap_port, current.identity, current.vocab_size,
+                                   current.context_length) != (fresh.url, fresh.kv_bootstrap_port, fresh.identity,
                                                                fresh.vocab_size, fresh.context_length):
                 current = self._add(fresh)
             current.registry_healthy = row.healthy
@@ -84,16 +90,14 @@ class WorkerPool:
         if remove_missing:
             for worker_id in [w.worker_id for w in self.workers.values() if not w.static and w.worker_id not in seen]:
                 del self.workers[worker_id]
+                for listener in self.on_removed:
+                    listener(worker_id)
 
     def of_role(self, role: Role) -> list[Worker]:
         return [w for w in self.workers.values() if w.role is role]
 
     def healthy(self, role: Role) -> list[Worker]:
         return [w for w in self.of_role(role) if w.healthy]
-
-    def candidates(self, role: Role, exclude: set[str] = frozenset()) -> list[Worker]:
-        """Workers that may take a request now: healthy, breaker not open, not already tried for this request."""
-        return [w for w in self.healthy(role) if w.breaker.allows() and w.worker_id not in exclude]
 
     def readiness(self) -> tuple[bool, str]:
         prefills, decodes = self.healthy(Role.PREFILL), self.healthy(Role.DECODE)

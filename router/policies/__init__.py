@@ -1,10 +1,10 @@
-"""Load-balancing policies, one module each, chosen by name in the router config."""
+"""Load-balancing policies, one module each, chosen by name in the router config; pairing.py puts them to work."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from router.policies.base import Policy, RequestHint
+from router.policies.base import Policy
 from router.policies.power_of_two import PowerOfTwo
 from router.policies.prefix import PrefixAffinity
 from router.policies.random_choice import RandomChoice
@@ -18,11 +18,15 @@ REGISTRY: dict[str, Callable[[], Policy]] = {
 }
 
 
+def known_policy(name: str) -> str:
+    """`name` if a policy has it (the router config checks its policy names with this), else ValueError."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    return name
+
+
 def make_policy(name: str) -> Policy:
-    try:
-        return REGISTRY[name]()
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
+    return REGISTRY[known_policy(name)]()
 
 
-__all__ = ["Policy", "RequestHint", "REGISTRY", "make_policy"]
+__all__ = ["Policy", "REGISTRY", "known_policy", "make_policy"]

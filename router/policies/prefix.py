@@ -5,11 +5,11 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from router.policies.base import RequestHint
+from router.policies.base import Policy
 from router.workers import Worker
 
 
-class PrefixAffinity:
+class PrefixAffinity(Policy):
     """Requests sharing a prompt prefix go to the worker that served it, so SGLang's radix cache hits.
 
     The prompt is cut into blocks; each block's key hashes the whole prefix up to it (like SGLang's page keys), and a
@@ -18,6 +18,7 @@ class PrefixAffinity:
     """
 
     name = "prefix"
+    needs_prompt = True
 
     def __init__(self, block_chars: int = 64, min_blocks: int = 2, max_imbalance: int = 4, capacity: int = 200_000):
         self.block_chars, self.min_blocks, self.max_imbalance, self.capacity = (
@@ -33,8 +34,8 @@ class PrefixAffinity:
             keys.append(digest.copy().digest())
         return keys
 
-    def choose(self, candidates: Sequence[Worker], hint: RequestHint) -> Worker:
-        keys = self._keys(hint.prompt)
+    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
+        keys = self._keys(prompt)
         by_id = {w.worker_id: w for w in candidates}
         lowest = min(w.in_flight for w in candidates)
         least = self._rng.choice([w for w in candidates if w.in_flight == lowest])  # spread new prefixes
@@ -51,3 +52,7 @@ class PrefixAffinity:
         while len(self._owner) > self.capacity:
             self._owner.popitem(last=False)
         return chosen
+
+    def worker_removed(self, worker_id: str) -> None:
+        for key in [key for key, owner in self._owner.items() if owner == worker_id]:
+            del self._owner[key]

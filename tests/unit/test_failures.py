@@ -7,11 +7,12 @@ import json
 import pytest
 
 from pdcluster.protocol import Role
-from router.failures import status_failure, transport_failure
+from router.failures import DeadlinePassed, halves_to_abort, status_failure, transport_failure
 from router.upstream import ConnectFailed, ConnectionDropped, ReadTimeout
 from router.workers import Worker
 
 DECODE = Worker("d", Role.DECODE, "http://10.0.0.2:30000")
+PREFILL = Worker("p", Role.PREFILL, "http://10.0.0.1:30000")
 
 
 @pytest.mark.parametrize(
@@ -20,7 +21,7 @@ DECODE = Worker("d", Role.DECODE, "http://10.0.0.2:30000")
         (ConnectFailed("connect to 10.0.0.2:30000 failed: Connection refused"), 502, True, "decode d unreachable"),
         (ConnectionDropped("connection closed: [Errno 104] Connection reset by peer"), 502, True,
          "decode d dropped the connection"),
-        (ReadTimeout("no data for 300s"), 504, False, "decode d timed out"),  # may still be running
+        (ReadTimeout(300.0), 504, False, "decode d sent nothing for read_timeout (300.0s)"),  # may be running still
     ],
 )
 def test_transport_failures_name_the_worker_not_its_address_or_the_os_error(error, status, retryable, fragment):
@@ -45,3 +46,14 @@ def test_a_workers_own_4xx_reaches_the_client_as_it_is_and_a_5xx_gets_the_router
     crashed = status_failure(DECODE, 500, b"Internal Server Error").answer()
     assert crashed.status == 502
     assert json.loads(crashed.body)["error"]["message"] == "decode d answered 500"
+
+
+def test_the_other_half_is_aborted_and_both_when_the_router_ends_the_attempt():
+    assert halves_to_abort(status_failure(DECODE, 503, b""), PREFILL, DECODE) == (PREFILL,)
+    assert halves_to_abort(transport_failure(PREFILL, ConnectFailed("refused")), PREFILL, DECODE) == (DECODE,)
+    assert halves_to_abort(None, PREFILL, DECODE) == (PREFILL, DECODE)  # the client left, or total_timeout
+    deadline = DeadlinePassed(DECODE, "no token within first_token_timeout (1.0s)")
+    assert halves_to_abort(deadline, PREFILL, DECODE) == (PREFILL, DECODE)
+    assert not deadline.counts_against_worker and not deadline.transport  # the router's limit, not the worker's fault
+    # A half the router stopped waiting for may be working on it still (a decode generating): both are aborted.
+    assert halves_to_abort(transport_failure(DECODE, ReadTimeout(600.0)), PREFILL, DECODE) == (PREFILL, DECODE)

@@ -1,4 +1,4 @@
-"""Liveness (router/health.py): a worker that stops answering, or whose scheduler is stuck (its /health waits while
+"""Liveness (router/liveness.py): a worker that stops answering, or whose scheduler is stuck (its /health waits while
 its load snapshot stands still), is ejected within the thresholds, the requests open on it end (retried before
 their first byte, an SSE error event after), and it is readmitted once it answers again. The verdict with a fake
 clock; the whole router with fake workers that freeze like a SIGSTOPped SGLang."""
@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from pdcluster.protocol import Role
 from router.app import create_app
 from router.config import RouterConfig
-from router.health import Liveness, LivenessWatch, read_snapshot
+from router.liveness import Liveness, LivenessWatch, read_snapshot
 from router.workers import Worker, WorkerPool
 from tests.fakes import Behaviour, FakeWorker, ServerThread, until
 
@@ -100,8 +100,8 @@ class FreezableWorker(FakeWorker):
 
         return app
 
-    async def _stream(self, b: Behaviour):
-        async for chunk in super()._stream(b):
+    async def _stream(self, b: Behaviour, rid: str | None):
+        async for chunk in super()._stream(b, rid):
             while self.frozen or self.stalled:
                 await asyncio.sleep(0.01)
             yield chunk
@@ -115,7 +115,7 @@ def pd_cluster(prefill: FakeWorker, decodes: list[FakeWorker], **config):
     with ExitStack() as stack:
         p = stack.enter_context(ServerThread(prefill.app()))
         ds = [stack.enter_context(ServerThread(d.app())) for d in decodes]
-        cfg = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "bootstrap_port": 8999}],
+        cfg = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "kv_bootstrap_port": 8999}],
                            decode=[{"url": d.url} for d in ds], expose_worker_ids=True, **{**FAST, **config})
         router = stack.enter_context(ServerThread(create_app(cfg)))
         yield router.url

@@ -20,7 +20,7 @@ def cluster(prefill: FakeWorker, decode: FakeWorker, **config):
     with ExitStack() as stack:
         p = stack.enter_context(ServerThread(prefill.app()))
         d = stack.enter_context(ServerThread(decode.app()))
-        cfg = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "bootstrap_port": 8999}],
+        cfg = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "kv_bootstrap_port": 8999}],
                            decode=[{"url": d.url}], health_interval=0.2, **config)
         router = stack.enter_context(ServerThread(create_app(cfg)))
         yield router.url

@@ -44,7 +44,7 @@ def router(tmp_path):
         port = free_port()
         config = tmp_path / "router.yaml"
         config.write_text(f"port: {port}\nbootstrap_url: null\nworkers: 2\nhealth_interval: 0.2\n"
-                          f"prefill: [{{url: '{p.url}', bootstrap_port: 8999}}]\ndecode: [{{url: '{d.url}'}}]\n")
+                          f"prefill: [{{url: '{p.url}', kv_bootstrap_port: 8999}}]\ndecode: [{{url: '{d.url}'}}]\n")
         proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(config)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:

@@ -31,7 +31,7 @@ def cluster(prefill: FakeWorker, decode: FakeWorker, pool: WorkerPool | None = N
         p = stack.enter_context(ServerThread(prefill.app()))
         d = stack.enter_context(ServerThread(decode.app()))
         limits = {"vocab_size": VOCAB, "context_length": CONTEXT}
-        cfg = RouterConfig(**{"bootstrap_url": None, "prefill": [{"url": p.url, "bootstrap_port": 8999, **limits}],
+        cfg = RouterConfig(**{"bootstrap_url": None, "prefill": [{"url": p.url, "kv_bootstrap_port": 8999, **limits}],
                               "decode": [{"url": d.url, **limits}], "health_interval": 0.2, **config})
         router = stack.enter_context(ServerThread(create_app(cfg, pool)))
         yield router.url
@@ -223,7 +223,7 @@ def test_a_huge_body_costs_little_event_loop_time_and_other_streams_go_on():
         d = stack.enter_context(ServerThread(decode.app()))
         limits = {"vocab_size": VOCAB, "context_length": CONTEXT}
         router = stack.enter_context(ServerThread(create_app(RouterConfig(
-            bootstrap_url=None, prefill=[{"url": p.url, "bootstrap_port": 8999, **limits}],
+            bootstrap_url=None, prefill=[{"url": p.url, "kv_bootstrap_port": 8999, **limits}],
             decode=[{"url": d.url, **limits}]))))
         client = stack.enter_context(httpx.Client(base_url=router.url, timeout=120))
         received: list[str] = []

@@ -16,7 +16,8 @@ import aiohttp
 import pytest
 import uvloop
 
-from router.upstream import _PAUSE_ABOVE, UpstreamClient, UpstreamError
+from router.upstream import UpstreamClient, UpstreamError
+from router.upstream_response import PAUSE_ABOVE
 from tests.adversarial_server import (CLOSE, HANG, RESET, IdleClose, RawServer, chunked, close_delimited,
                                       follow_up_body, head, pattern, with_length)
 
@@ -25,7 +26,7 @@ READ_TIMEOUT = 3.0  # for every case but the stalls: only a stall may ever reach
 STALL_TIMEOUT = 2.0
 # The most an iterating consumer that is behind may find buffered: the threshold, plus what the reads in flight
 # by the read that crossed it (asyncio and uvloop read at most 256 KiB at a time), with a little room to spare.
-BUFFER_BOUND = _PAUSE_ABOVE + 512 * KiB
+BUFFER_BOUND = PAUSE_ABOVE + 512 * KiB
 
 
 @dataclass

@@ -28,17 +28,17 @@ def new_rid() -> str:
     return f"{_rng.getrandbits(128):032x}"
 
 
-def inject_pd_fields(body: dict[str, Any], prefill: Worker, batch_size: int | None) -> list[str]:
-    """Add bootstrap_host/port/room (lists for a batch: one room per item) and fresh rids (replacing any the client
-    sent); return the rids to abort by."""
+def add_pd_fields(body: dict[str, Any], prefill: Worker, batch_size: int | None) -> list[str]:
+    """Set SGLang's bootstrap_host/port/room (lists for a batch: one room per item) and fresh rids (replacing any the
+    client sent, and those of an earlier attempt); return the rids to abort by."""
     if batch_size is None:
-        body["bootstrap_host"] = prefill.bootstrap_host
-        body["bootstrap_port"] = prefill.bootstrap_port
+        body["bootstrap_host"] = prefill.kv_bootstrap_host
+        body["bootstrap_port"] = prefill.kv_bootstrap_port
         body["bootstrap_room"] = new_room()
         body["rid"] = rid = new_rid()
         return [rid]
-    body["bootstrap_host"] = [prefill.bootstrap_host] * batch_size
-    body["bootstrap_port"] = [prefill.bootstrap_port] * batch_size
+    body["bootstrap_host"] = [prefill.kv_bootstrap_host] * batch_size
+    body["bootstrap_port"] = [prefill.kv_bootstrap_port] * batch_size
     body["bootstrap_room"] = [new_room() for _ in range(batch_size)]
     body["rid"] = rids = [new_rid() for _ in range(batch_size)]
     return list(rids)

@@ -1,13 +1,15 @@
 from pdcluster.protocol import Role
-from router.rooms import inject_pd_fields, new_rid
+from router.config import RouterConfig
+from router.pd_fields import add_pd_fields, new_rid
 from router.workers import Worker
 
-PREFILL = Worker("p", Role.PREFILL, "http://10.0.0.1:30000", bootstrap_host="10.0.0.1", bootstrap_port=8999)
+PREFILL = Worker("p", Role.PREFILL, "http://10.0.0.1:30000", kv_bootstrap_host="10.0.0.1",
+                 kv_bootstrap_port=8999)
 
 
 def test_single_request_gets_host_port_room_and_a_router_rid():
     body = {"text": "hi"}
-    rids = inject_pd_fields(body, PREFILL, None)
+    rids = add_pd_fields(body, PREFILL, None)
     assert body["bootstrap_host"] == "10.0.0.1" and body["bootstrap_port"] == 8999
     assert isinstance(body["bootstrap_room"], int) and 0 <= body["bootstrap_room"] < 2**63
     assert rids == [body["rid"]] and len(body["rid"]) == 32
@@ -15,7 +17,7 @@ def test_single_request_gets_host_port_room_and_a_router_rid():
 
 def test_batch_gets_one_distinct_room_and_rid_per_item():
     body = {"text": ["a", "b", "c", "d"]}
-    rids = inject_pd_fields(body, PREFILL, 4)
+    rids = add_pd_fields(body, PREFILL, 4)
     assert body["bootstrap_host"] == ["10.0.0.1"] * 4 and body["bootstrap_port"] == [8999] * 4
     assert len(set(body["bootstrap_room"])) == 4
     assert rids == body["rid"] and len(set(rids)) == 4
@@ -25,7 +27,7 @@ def test_a_client_rid_never_reaches_sglang():
     """SGLang aborts by rid prefix: a client's rid ("2", "") would let it abort other clients' requests."""
     for client_rid in ("2", "", "abc", ["x", "y"]):
         body = {"text": "hi" if not isinstance(client_rid, list) else ["a", "b"], "rid": client_rid}
-        rids = inject_pd_fields(body, PREFILL, None if not isinstance(client_rid, list) else 2)
+        rids = add_pd_fields(body, PREFILL, None if not isinstance(client_rid, list) else 2)
         assert client_rid not in rids and body["rid"] != client_rid
 
 
@@ -39,5 +41,16 @@ def test_no_rid_is_a_prefix_of_another():
 def test_rooms_differ_between_requests():
     bodies = [{"text": "x"} for _ in range(100)]
     for b in bodies:
-        inject_pd_fields(b, PREFILL, None)
+        add_pd_fields(b, PREFILL, None)
     assert len({b["bootstrap_room"] for b in bodies}) == 100
+
+
+def test_a_static_prefills_kv_bootstrap_server_is_what_sglang_gets_and_the_old_names_still_work():
+    for spec in ({"url": "http://10.0.0.1:30000", "kv_bootstrap_host": "10.0.0.9", "kv_bootstrap_port": 8999},
+                 {"url": "http://10.0.0.1:30000", "bootstrap_host": "10.0.0.9", "bootstrap_port": 8999}):  # deprecated
+        config = RouterConfig(bootstrap_url=None, prefill=[spec])
+        prefill = Worker.from_static(Role.PREFILL, config.prefill[0], 0)
+        body = {"text": "hi"}
+        add_pd_fields(body, prefill, None)
+        assert (body["bootstrap_host"], body["bootstrap_port"]) == ("10.0.0.9", 8999)
+    assert RouterConfig(prefill=[{"url": "http://h:1", "kv_bootstrap_port": 8999}]).prefill[0].kv_bootstrap_host is None

@@ -1,0 +1,47 @@
+"""Discovery: follow the bootstrap service's registry of workers into the pool.
+
+It long-polls the registry (`wait_version`), so a new or dead worker shows up within a fraction of a second. While
+the bootstrap service is down, the last known set stays in service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from pdcluster.protocol import WorkerListing
+from router.config import RouterConfig
+from router.workers import WorkerPool
+
+log = logging.getLogger("pdcluster.router")
+
+
+async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient) -> None:
+    version: int | None = None
+    warming_up = False
+    headers = {"Authorization": f"Bearer {config.bootstrap_token}"} if config.bootstrap_token else {}
+    while True:
+        params: dict = {"timeout": 10.0}
+        if version is not None and not warming_up:
+            params["wait_version"] = version
+        try:
+            response = await client.get(f"{config.bootstrap_url}/v1/workers", params=params, headers=headers,
+                                        timeout=httpx.Timeout(5.0, read=15.0))
+            response.raise_for_status()
+            listing = WorkerListing.model_validate(response.json())
+        except (httpx.HTTPError, ValueError) as exc:
+            if version is not None:
+                log.warning("bootstrap service unreachable; serving the last known workers",
+                            extra={"error": type(exc).__name__, "workers": len(pool.workers)})
+            version = None
+            await asyncio.sleep(1.0)
+            continue
+        warming_up = listing.warming_up
+        if listing.version != version or warming_up:
+            # A young registry has not heard from every live worker yet: add, but don't drop, until it has.
+            pool.sync_discovered(listing.workers, remove_missing=not warming_up)
+        version = listing.version
+        if warming_up:
+            await asyncio.sleep(0.2)

@@ -1,0 +1,96 @@
+"""One PD request from the client's side: check it, then attempt it on a pair (router/policies/pairing.py chooses,
+router/dispatch.py dispatches), again on a new pair after a retryable failure before the first byte, and account
+for it (status metric, latency, X-Request-ID, a log line)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from pdcluster.http import ApiError, check_bearer, parse_json_object
+from router.config import RouterConfig
+from router.dispatch import Dispatcher
+from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
+from router.failures import HalfFailed
+from router.metrics import RouterMetrics
+from router.pd_fields import new_rid
+from router.policies.pairing import Pairing, pair_limits
+from router.request import PdRequest
+from router.validation import CLIENT_ID, Checked, check_token_ids, client_request_id
+
+log = logging.getLogger("pdcluster.router")
+
+Check = Callable[[dict[str, Any]], Checked]
+
+
+class PdService:
+    def __init__(self, config: RouterConfig, pairing: Pairing, metrics: RouterMetrics, api_key: str | None):
+        self.config, self.pairing, self.metrics, self.api_key = config, pairing, metrics, api_key
+        self.dispatcher: Dispatcher | None = None  # set at start-up (it owns the upstream connections)
+
+    def route(self, path: str, check: Check) -> Route:
+        """The edge's route for `path`, whose bodies `check` validates."""
+        async def handle(http: EdgeRequest) -> Answer | StreamAnswer:
+            return await self.answer(http, path, check)
+        return handle
+
+    async def answer(self, http: EdgeRequest, route: str, check: Check) -> Answer | StreamAnswer:
+        started = time.monotonic()
+        request_id = http.headers.get("x-request-id")
+        try:
+            request_id = client_request_id(request_id) if request_id is not None else new_rid()
+            async with asyncio.timeout(self.config.total_timeout):
+                answer = await self._attempts(http, route, check, request_id, started)
+        except ApiError as exc:
+            answer = error_answer(exc.status, exc.message, exc.param)
+            request_id = request_id if isinstance(request_id, str) and CLIENT_ID.fullmatch(request_id) else new_rid()
+        except TimeoutError:
+            answer = error_answer(504, f"request took longer than total_timeout ({self.config.total_timeout}s)")
+        answer.headers["x-request-id"] = request_id
+        self.metrics.requests.labels(route, str(answer.status)).inc()
+        streaming = isinstance(answer, StreamAnswer)
+        if not streaming:
+            self.metrics.latency.labels(route).observe(time.monotonic() - started)
+        if log.isEnabledFor(logging.INFO):
+            log.info("answered", extra={"request_id": request_id, "route": route, "status": answer.status,
+                                        "ms": round((time.monotonic() - started) * 1000, 1), "streaming": streaming})
+        return answer
+
+    async def _attempts(self, http: EdgeRequest, route: str, check: Check, request_id: str,
+                        started: float) -> Answer | StreamAnswer:
+        config = self.config
+        check_bearer(http, self.api_key)
+        body = parse_json_object(await http.body(config.max_body_bytes), orjson.loads)
+        request = PdRequest(route, request_id, body, check(body), started, config.total_timeout)
+        if request.checked.client_rid and log.isEnabledFor(logging.INFO):
+            log.info("client id", extra={"request_id": request_id, "client_rid": request.checked.client_rid})
+        while True:
+            prefill, decode = self.pairing.choose(request)
+            check_token_ids(request.checked, pair_limits(prefill, decode))
+            request.start_attempt(prefill)
+            if log.isEnabledFor(logging.INFO):
+                log.info("dispatch", extra={"request_id": request_id, "route": route, "attempt": request.attempt,
+                                            "prefill": prefill.url, "decode": decode.url, "stream": request.stream,
+                                            "rids": request.rids})
+            try:
+                answer = await self.dispatcher.forward(request, prefill, decode)
+            except HalfFailed as failure:
+                log.warning("attempt failed", extra={"request_id": request_id, "attempt": request.attempt,
+                                                     "error": failure.message, "detail": failure.detail,
+                                                     "retryable": failure.retryable})
+                if not failure.retryable or request.attempt + 1 == config.max_attempts:
+                    return failure.answer()
+                request.tried.add(failure.worker.worker_id)
+                self.metrics.retries.labels(route).inc()
+                await asyncio.sleep(config.retry_backoff * (2**request.attempt) * (0.5 + random.random()))
+                continue
+            if config.expose_worker_ids:
+                answer.headers["x-pdcluster-prefill"] = prefill.worker_id
+                answer.headers["x-pdcluster-decode"] = decode.worker_id
+            return answer
