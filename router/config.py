@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
+
+from pdcluster.config_file import secret_or_env
 
 
 class StaticWorker(BaseModel):
@@ -102,4 +103,4 @@ class RouterConfig(BaseModel):
         return name
 
     def resolved_api_key(self) -> str | None:
-        return self.api_key or os.environ.get("PDCLUSTER_API_KEY") or None
+        return secret_or_env(self.api_key, "PDCLUSTER_API_KEY")
