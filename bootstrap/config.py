@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from pdcluster.config_file import secret_or_env
 from pdcluster.protocol import BOOTSTRAP_SERVICE_PORT
 
 
@@ -22,4 +21,4 @@ class BootstrapConfig(BaseModel):
     log_level: str = "warning"
 
     def resolved_token(self) -> str | None:
-        return self.token or os.environ.get("PDCLUSTER_TOKEN") or None
+        return secret_or_env(self.token, "PDCLUSTER_TOKEN")

@@ -1,34 +1,80 @@
-"""Load a component's YAML config into its pydantic model; a bad file is one line on stderr and exit status 2."""
+"""What every component's configuration goes through: its YAML file, pydantic's verdict on it, secrets it may leave to
+the environment. A bad config is one line naming the file and the setting, never a traceback."""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 Model = TypeVar("Model", bound=BaseModel)
 
+# Parts of an error location that name what pydantic tried, not a field: a union member ("SamplingParams",
+# "list[str]", "int"), or FastAPI's "body" in front of a request's fields. Users know only field names.
+_NOT_A_FIELD = re.compile(r"^[A-Z]|\[|^(str|int|float|bool|body)$")
 
-def load_model(model: type[Model], path: str | None, overrides: dict[str, Any], prog: str) -> Model:
+
+class ConfigError(Exception):
+    """A configuration problem reported to the user as one line; the command exits with status 2."""
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's top-level mapping (empty for an empty file)."""
     try:
-        data: dict[str, Any] = {}
-        if path:
-            with open(path, encoding="utf-8") as handle:
-                data = yaml.safe_load(handle) or {}
-            if not isinstance(data, dict):
-                raise ValueError(f"{path} must hold a mapping")
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of names to values, not a {type(data).__name__}")
+    return data
+
+
+def first_problem(exc: ValidationError) -> tuple[str, str]:
+    """(dotted field path, message) of the first problem pydantic found; the path is empty for the model as a whole.
+    `exc`: pydantic's ValidationError, or FastAPI's RequestValidationError for a request body (pdcluster/http.py)."""
+    problem = exc.errors()[0]
+    loc = [str(part) for part in problem.get("loc", ()) if not _NOT_A_FIELD.search(str(part))]
+    return ".".join(loc), problem.get("msg", "invalid value")
+
+
+def validation_message(exc: ValidationError, where: str = "", section: str = "") -> str:
+    """`where: section.field: message`, the one line a config's first problem is reported as (`where`: the file)."""
+    field, message = first_problem(exc)
+    return ": ".join(part for part in (where, ".".join(filter(None, (section, field))), message) if part)
+
+
+def secret_or_env(configured: str | None, env_var: str) -> str | None:
+    """A secret from the config, else from the environment variable `env_var`; None when neither sets one (an empty
+    string counts as unset). Secrets are resolved when used, never stored in the model, so --dry-run never prints one
+    that came from the environment."""
+    return configured or os.environ.get(env_var) or None
+
+
+def load_model(model: type[Model], path: str | Path | None, overrides: dict[str, Any], prog: str) -> Model:
+    """A component's config: its YAML file (none: every default) with the command line's non-None `overrides` on
+    top, validated by `model`. On a problem: `<prog>: error: <one line>` on stderr and exit status 2."""
+    try:
+        data = load_yaml(path) if path else {}
         data.update({key: value for key, value in overrides.items() if value is not None})
         return model.model_validate(data)
     except ValidationError as exc:
-        problem = exc.errors()[0]
-        field = ".".join(str(part) for part in problem["loc"])
-        _fail(prog, f"{path or 'config'}: {field}: {problem['msg']}")
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        _fail(prog, str(exc).splitlines()[0])
+        fail(prog, validation_message(exc, str(path or "config")))
+    except ConfigError as exc:
+        fail(prog, str(exc))
 
 
-def _fail(prog: str, message: str):
+def fail(prog: str, message: str) -> NoReturn:
     print(f"{prog}: error: {message}", file=sys.stderr)
     sys.exit(2)

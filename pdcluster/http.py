@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,9 +14,9 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pdcluster.config_file import first_problem
 from pdcluster.protocol import ErrorBody, ErrorDetail
 
-_UNION_TAG = re.compile(r"^[A-Z]|\[|^(str|int|float|bool)$")
 _TYPE_BY_STATUS = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
     413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
@@ -51,10 +50,8 @@ def error_response(status: int, message: str, param: str | None = None) -> Respo
 
 def first_validation_problem(exc: ValidationError | RequestValidationError) -> tuple[str, str]:
     """(field path, message) of the first problem pydantic found, for an error that names the field."""
-    problem = exc.errors()[0]
-    # pydantic names the union member it tried ("SamplingParams", "list[str]"); users know only field names.
-    loc = [str(part) for part in problem.get("loc", ()) if part != "body" and not _UNION_TAG.search(str(part))]
-    return ".".join(loc) or "body", problem.get("msg", "invalid value")
+    field, message = first_problem(exc)
+    return field or "body", message
 
 
 def install_error_handlers(app: FastAPI) -> None:

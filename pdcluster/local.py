@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from pdcluster.config_file import ConfigError, fail, load_model, load_yaml
 from pdcluster.restarts import Backoff, RestartPolicy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,16 +60,10 @@ class LocalSpec(BaseModel):
     log_dir: str = "logs"
     ready_timeout: float = 600.0
 
-    @classmethod
-    def load(cls, path: str | Path) -> LocalSpec:
-        with open(path, encoding="utf-8") as handle:
-            return cls.model_validate(yaml.safe_load(handle))
-
     def _port(self, component: ComponentSpec, default: int) -> int:
         if component.port:
             return component.port
-        with open(REPO / component.config, encoding="utf-8") as handle:
-            return int((yaml.safe_load(handle) or {}).get("port", default))
+        return int(load_yaml(REPO / component.config).get("port", default))
 
     @property
     def bootstrap_url(self) -> str:
@@ -309,8 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pdcluster.local", description="Run the whole cluster locally.")
     parser.add_argument("--config", default="configs/local.yaml")
     args = parser.parse_args(argv)
-    spec = LocalSpec.load(args.config)
-    cluster = LocalCluster(spec, REPO / spec.log_dir)
+    spec = load_model(LocalSpec, args.config, {}, prog="pdcluster.local")
+    try:
+        cluster = LocalCluster(spec, REPO / spec.log_dir)
+    except ConfigError as exc:  # a component's config file, read for its port
+        fail("pdcluster.local", str(exc))
     stopping = False
 
     def on_signal(_sig: int, _frame: object) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, HttpUrl, field_validator,
                       model_validator)
 
+from pdcluster.config_file import secret_or_env
 from router.policies import known_policy
 
 PolicyName = Annotated[str, AfterValidator(known_policy)]
@@ -113,4 +113,4 @@ class RouterConfig(BaseModel):
         return self
 
     def resolved_api_key(self) -> str | None:
-        return self.api_key or os.environ.get("PDCLUSTER_API_KEY") or None
+        return secret_or_env(self.api_key, "PDCLUSTER_API_KEY")

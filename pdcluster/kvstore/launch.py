@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pdcluster.config_file import ConfigError
 from pdcluster.kvstore import namespace
 from pdcluster.kvstore.fingerprint import DigestCache, fingerprint, kv_identity, weights_identity
-from pdcluster.worker.options import ConfigError
 
 STORAGE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 

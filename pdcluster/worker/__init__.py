@@ -1,1 +1,2 @@
-"""The worker launcher shared by `prefill.py` and `decode.py`: config -> SGLang command -> supervised process."""
+"""The worker launcher shared by `prefill.py` and `decode.py`: config -> SGLang command -> supervised process. What
+differs between the roles is in prefill/plan.py and decode/plan.py."""

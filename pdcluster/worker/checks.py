@@ -1,14 +1,16 @@
-"""Checks run before SGLang's long start-up, so a mistake costs a second, not a minute."""
+"""Checks both roles run before SGLang's long start-up, so a mistake costs a second, not a minute. (A role's own checks
+are in prefill/plan.py and decode/plan.py.)"""
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
-from pdcluster.protocol import BOOTSTRAP_SERVICE_PORT
-from pdcluster.worker.options import ConfigError
+from pdcluster.config_file import ConfigError
 
 # Hugging Face hub ids look like "org/name"; anything else is taken as a local path.
 _HUB_ID_PARTS = 2
@@ -53,14 +55,6 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def choose_kv_bootstrap_port(host: str, base: int, taken: set[int]) -> int:
-    """The first free port from `base` up: a prefill's own SGLang KV bootstrap port, never the service's 8998."""
-    for port in range(base, base + 200):
-        if port != BOOTSTRAP_SERVICE_PORT and port not in taken and port_is_free(host, port):
-            return port
-    raise ConfigError(f"no free port for the SGLang KV bootstrap server in {base}-{base + 199}")
-
-
 def advertise_address(host: str, configured: str | None) -> str:
     """The address other processes reach this worker at (what it registers)."""
     if configured:
@@ -87,20 +81,13 @@ def check_kv_store_dir(path: str) -> None:
         raise ConfigError(f"kv_store.dir {path}: cannot create or write it ({exc.strerror or exc})") from None
 
 
-def check_kv_store(role: str, ns: object, cpu: bool) -> None:
-    """SGLang options that would defeat the KV store (or crash it on CPU), refused before SGLang starts."""
+def check_kv_store(ns: argparse.Namespace, cpu: bool, role_check: Callable[[argparse.Namespace], None]) -> None:
+    """SGLang options that would defeat the KV store (or crash it on CPU), refused before SGLang starts; `role_check`:
+    the role's own (prefill/plan.py, decode/plan.py)."""
     if ns.hicache_storage_backend != "file":
         raise ConfigError(f"hicache-storage-backend {ns.hicache_storage_backend}: kv_store keeps KV in SGLang's file "
                           f"storage (remove one of the two)")
-    if role == "prefill":
-        if not ns.enable_hierarchical_cache:
-            raise ConfigError("enable-hierarchical-cache false: a prefill's kv_store needs SGLang's HiCache")
-        if ns.hicache_write_policy == "write_back":
-            raise ConfigError("hicache-write-policy write_back leaves a prompt's first pages unwritten in the file "
-                              "storage (sglang #26886): use write_through with kv_store")
-    elif ns.disaggregation_decode_retraction_backup == "host_pool":
-        raise ConfigError("disaggregation-decode-retraction-backup host_pool cannot run with the decode's KV offload "
-                          "(kv_store.decode_offload): use cpu_tensor, or set decode_offload: false")
+    role_check(ns)
     if cpu and ns.hicache_io_backend != "direct":
         raise ConfigError(f"hicache-io-backend {ns.hicache_io_backend} needs CUDA kernels: on CPU use direct")
     if cpu and ns.hicache_mem_layout not in CPU_HICACHE_LAYOUTS:

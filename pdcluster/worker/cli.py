@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
+from pdcluster.config_file import ConfigError
 from pdcluster.logs import setup_logging
 from pdcluster.protocol import Role
-from pdcluster.worker.options import ConfigError
 
 
 def main(role: Role, argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""SGLang options from a worker's YAML file and command line, validated by SGLang's own argument parser.
+"""SGLang options from a worker's config file and command line, validated by SGLang's own argument parser.
 
 The YAML uses the keys `sglang.launch_server --config` accepts (long flag names without `--`), so every SGLang option
 works unchanged. Options are kept as argv tokens grouped by destination: a later source (command line over file over
@@ -13,11 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
-
-class ConfigError(Exception):
-    """A configuration problem reported to the user as one line; the CLI exits with status 2."""
+from pdcluster.config_file import ConfigError
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -115,16 +111,3 @@ class SGLangOptions:
 
 def _long_flag(action: argparse.Action) -> str:
     return next(flag for flag in action.option_strings if flag.startswith("--"))
-
-
-def load_yaml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of option names to values")
-    return data

@@ -1,29 +1,65 @@
 """Decide, from a worker config, exactly how SGLang is started: its argv, its environment, what gets registered.
 
-This is the one place where the role's flags and the CPU profile are applied. Order of precedence for every SGLang
-option: command line > config file > profile defaults here.
+`build_plan` takes the same steps for both roles, with what they share: the CPU profile, the kv_store wiring and the
+checks of checks.py. What one role adds (its part of the CPU profile, its kv_store options and checks, its KV
+bootstrap server) is in its own folder, prefill/plan.py or decode/plan.py: a `RoleRules`. Order of precedence for
+every SGLang option: command line > config file > the defaults applied here and by the role.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from pdcluster.protocol import BOOTSTRAP_SERVICE_PORT, ModelIdentity, Role, WorkerRegistration
+import decode.plan
+import prefill.plan
+from pdcluster.config_file import ConfigError, load_yaml, validation_message
+from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration
 from pdcluster.worker import checks
-from pdcluster.worker.options import ConfigError, SGLangOptions, load_yaml, sglang_parser
+from pdcluster.worker.options import SGLangOptions, sglang_parser
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
+
+
+class RoleRules(Protocol):
+    """What differs between the roles. The modules prefill/plan.py and decode/plan.py are its two implementations."""
+
+    CPU_FLAGS: dict[str, Any]  # the role's part of the CPU profile: SGLang options, set when no source sets them
+    CPU_ENV: dict[str, str]  # ... and environment
+    EXTRA_TRANSFER_BACKENDS: frozenset[str]  # what it accepts besides Mooncake
+
+    def check_options(self, options: SGLangOptions) -> None:
+        """Refuse a configured SGLang option that contradicts the role (before any default is applied)."""
+
+    def kv_store_flags(self, kv: KVStoreSettings, device_flags: dict[str, Any]) -> dict[str, Any]:
+        """The SGLang options (set when unset) by which the role writes to and reads from kv_store; {}: it does not.
+        `device_flags`: HiCache's host layout and io backend on this device, which both roles use."""
+
+    def stores_kv(self, ns: argparse.Namespace) -> bool:
+        """With kv_store on, whether the final options (`ns`, as SGLang parsed them) read or write the store."""
+
+    def check_kv_store(self, ns: argparse.Namespace) -> None:
+        """Refuse final options that would defeat the store for this role."""
+
+    def kv_bootstrap_port(self, options: SGLangOptions, ns: argparse.Namespace,
+                          cluster: ClusterSettings) -> int | None:
+        """The port of the role's SGLang KV bootstrap server (one it chose is set in `options`); None: it runs none."""
+
+
+ROLES: dict[Role, RoleRules] = {Role.PREFILL: prefill.plan, Role.DECODE: decode.plan}
 
 CPU_SHIM_DIR = Path(__file__).resolve().parent.parent / "cpu_shim"
 MOONCAKE_BACKENDS = {"mooncake", "mooncake_tcp"}
 
-# Measured on a CPU-only x86 box with SGLang 0.5.23 (see docs/architecture.md, "CPU profile").
+# The CPU profile both roles get (each role adds its own CPU_FLAGS and CPU_ENV). Measured on a CPU-only x86 box with
+# SGLang 0.5.23 (see docs/architecture.md, "CPU profile").
 CPU_FLAGS = {
     "device": "cpu",
     "attention-backend": "torch_native",
@@ -36,25 +72,12 @@ CPU_FLAGS = {
     "max-total-tokens": 65536,
     "disaggregation-transfer-backend": "mooncake_tcp",
 }
-CPU_ROLE_FLAGS = {
-    Role.PREFILL: {"disable-overlap-schedule": True},  # else "dummy base class Event" on a prefix-cache hit
-    Role.DECODE: {"disaggregation-decode-retraction-backup": "cpu_tensor"},  # else "Torch not compiled with CUDA"
-}
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
-CPU_ROLE_ENV = {Role.PREFILL: {"SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER": "1"}, Role.DECODE: {}}
 COMMON_ENV = {"MC_LOG_LEVEL": "ERROR"}
 
-# cluster.kv_store: SGLang HiCache with its file storage, set so that KV really persists (pdcluster/kvstore/).
+# cluster.kv_store: SGLang HiCache with its file storage, set so that KV really persists (pdcluster/kvstore/). What
+# each role sets for it is its KV_STORE_FLAGS; what both share is here.
 KV_PAGE_SIZE = 64  # 64 tokens per file; the decode must use the prefill's page size anyway
-KV_PREFILL_FLAGS = {
-    "enable-hierarchical-cache": True,
-    "hicache-storage-backend": "file",
-    "hicache-write-policy": "write_through",  # write_back never writes a prompt's first pages (sglang #26886)
-}
-KV_DECODE_FLAGS = {  # the decode writes the KV it generates; needs the storage backend, not enable-hierarchical-cache
-    "disaggregation-decode-enable-offload-kvcache": True,
-    "hicache-storage-backend": "file",
-}
 # CPU: only the direct io backend exists (pdcluster/cpu_hicache adapts it). GPU: SGLang's kernel io backend with the
 # page_first layout its HiCache guide recommends for storage backends (a page is contiguous across layers).
 KV_DEVICE_FLAGS = {True: {"hicache-io-backend": "direct", "hicache-mem-layout": "page_first_direct"},
@@ -90,64 +113,48 @@ def cuda_available() -> bool:
 
 def build_plan(role: Role, config_path: str | None, overrides: list[str], env: dict[str, str] | None = None,
                cluster_overrides: dict[str, str | None] | None = None) -> LaunchPlan:
+    rules = ROLES[role]
     raw = load_yaml(config_path) if config_path else {}
-    try:
-        cluster = ClusterSettings.model_validate(_merge_cluster(raw.pop("cluster", None) or {}, cluster_overrides))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ConfigError(f"cluster.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    cluster = _cluster_settings(raw.pop("cluster", None) or {}, cluster_overrides)
 
     options = SGLangOptions(sglang_parser())
     for key, value in raw.items():
         options.set_value(key, value)
     options.apply_argv(overrides)
 
-    _check_role(role, options)
+    mode = options.tokens.get("disaggregation_mode")
+    if mode and mode[1:] != [role.value]:
+        raise ConfigError(f"disaggregation-mode {' '.join(mode[1:])} contradicts this {role.value} worker")
+    rules.check_options(options)
     options.set_value("disaggregation-mode", role.value)
     cpu = cluster.device == "cpu" or (cluster.device == "auto" and not cuda_available())
     if cpu:
-        for key, value in {**CPU_FLAGS, **CPU_ROLE_FLAGS[role]}.items():
+        for key, value in {**CPU_FLAGS, **rules.CPU_FLAGS}.items():
             options.set_default(key, value)
     options.set_default("disaggregation-transfer-backend", "mooncake")  # explicit, whatever SGLang's default
     kv = cluster.kv_store
     if kv is not None:
         options.set_default("page-size", KV_PAGE_SIZE)
-        if role is Role.PREFILL or kv.decode_offload:
-            for key, value in {**(KV_PREFILL_FLAGS if role is Role.PREFILL else KV_DECODE_FLAGS),
-                               **KV_DEVICE_FLAGS[cpu]}.items():
-                options.set_default(key, value)
-        if role is Role.PREFILL:
-            options.set_default("hicache-storage-backend-extra-config", {"prefetch_threshold": kv.prefetch_threshold})
+        for key, value in rules.kv_store_flags(kv, KV_DEVICE_FLAGS[cpu]).items():
+            options.set_default(key, value)
 
     ns = options.parse()
-    stores_kv = kv is not None and (role is Role.PREFILL or ns.disaggregation_decode_enable_offload_kvcache
-                                    or ns.enable_hierarchical_cache)
+    stores_kv = kv is not None and rules.stores_kv(ns)
     if stores_kv:
-        checks.check_kv_store(role.value, ns, cpu)
+        checks.check_kv_store(ns, cpu, rules.check_kv_store)
         checks.check_kv_store_dir(kv.dir)
-    if ns.disaggregation_transfer_backend not in MOONCAKE_BACKENDS | ({"fake"} if role is Role.DECODE else set()):
+    if ns.disaggregation_transfer_backend not in MOONCAKE_BACKENDS | rules.EXTRA_TRANSFER_BACKENDS:
         raise ConfigError(f"disaggregation-transfer-backend {ns.disaggregation_transfer_backend}: pdcluster moves KV "
                           f"with Mooncake (mooncake, or mooncake_tcp without RDMA)")
     checks.check_model_path(ns.model_path)
     checks.check_port_free(ns.host, ns.port, "SGLang HTTP")
     advertise = checks.advertise_address(ns.host, cluster.advertise_host)
-
-    bootstrap_port = None
-    if role is Role.PREFILL:
-        if options.is_set("disaggregation_bootstrap_port"):
-            bootstrap_port = ns.disaggregation_bootstrap_port
-            if bootstrap_port in (BOOTSTRAP_SERVICE_PORT, ns.port):
-                raise ConfigError(f"disaggregation-bootstrap-port {bootstrap_port} collides with the "
-                                  f"{'bootstrap service' if bootstrap_port == BOOTSTRAP_SERVICE_PORT else 'HTTP port'}")
-            checks.check_port_free(ns.host, bootstrap_port, "SGLang KV bootstrap")
-        else:
-            bootstrap_port = checks.choose_kv_bootstrap_port(ns.host, cluster.kv_bootstrap_port_base, {ns.port})
-            options.set_value("disaggregation-bootstrap-port", bootstrap_port)
+    kv_bootstrap_port = rules.kv_bootstrap_port(options, ns, cluster)
 
     env_added = {**COMMON_ENV, **cluster.env}
     env_added["SGLANG_HOST_IP"] = advertise  # Mooncake and SGLang's ZMQ endpoints bind/announce this address
     if cpu:
-        env_added.update(CPU_ENV | CPU_ROLE_ENV[role])
+        env_added.update(CPU_ENV | rules.CPU_ENV)
         base = (env or os.environ).get("PYTHONPATH")
         env_added["PYTHONPATH"] = f"{CPU_SHIM_DIR}{os.pathsep}{base}" if base else str(CPU_SHIM_DIR)
     if kv is not None and cpu:
@@ -171,8 +178,8 @@ def build_plan(role: Role, config_path: str | None, overrides: list[str], env: d
             kv_cache_dtype=ns.kv_cache_dtype,
             transfer_backend=ns.disaggregation_transfer_backend,
         ),
-        bootstrap_host=advertise if role is Role.PREFILL else None,
-        bootstrap_port=bootstrap_port,
+        bootstrap_host=advertise if kv_bootstrap_port is not None else None,
+        bootstrap_port=kv_bootstrap_port,
         tp_size=ns.tp_size,
         dp_size=ns.dp_size,
         max_total_tokens=ns.max_total_tokens,
@@ -186,8 +193,18 @@ def build_plan(role: Role, config_path: str | None, overrides: list[str], env: d
     return LaunchPlan(role, command, final_env, env_added, cluster, registration, cpu)
 
 
+def _cluster_settings(section: object, overrides: dict[str, str | None] | None) -> ClusterSettings:
+    """The file's cluster: section with the --cluster overrides on top, validated."""
+    if isinstance(section, dict):
+        section = _merge_cluster(section, overrides)
+    try:
+        return ClusterSettings.model_validate(section)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, section="cluster")) from None
+
+
 def _merge_cluster(section: dict, overrides: dict[str, str | None] | None) -> dict:
-    """The file's cluster: section with --cluster overrides; `kv_store.max_size=10GiB` sets one key of a subsection."""
+    """`kv_store.max_size=10GiB` sets one key of a subsection."""
     merged = dict(section)
     for key, value in (overrides or {}).items():
         head, dot, rest = key.partition(".")
@@ -224,13 +241,3 @@ def _model_limits(model_path: str, context_length: int | None) -> dict[str, int 
 
     return {"vocab_size": pick("vocab_size"), "context_length": context_length or pick("max_position_embeddings")}
 
-
-def _check_role(role: Role, options: SGLangOptions) -> None:
-    mode = options.tokens.get("disaggregation_mode")
-    if mode and mode[1:] != [role.value]:
-        raise ConfigError(f"disaggregation-mode {' '.join(mode[1:])} contradicts this {role.value} worker")
-    backend = options.tokens.get("disaggregation_transfer_backend")
-    if role is Role.PREFILL and backend and backend[1:] == ["fake"]:
-        raise ConfigError("disaggregation-transfer-backend fake is decode-only: a prefill must send real KV")
-    if role is Role.DECODE and options.is_set("disaggregation_bootstrap_port"):
-        raise ConfigError("disaggregation-bootstrap-port is a prefill option: a decode learns it per request")

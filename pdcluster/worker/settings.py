@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
+
+from pdcluster.config_file import secret_or_env
 
 
 class KVStoreSettings(BaseModel):
@@ -72,4 +73,4 @@ class ClusterSettings(BaseModel):
         return value.rstrip("/") if value else value
 
     def resolved_token(self) -> str | None:
-        return self.token or os.environ.get("PDCLUSTER_TOKEN") or None
+        return secret_or_env(self.token, "PDCLUSTER_TOKEN")
