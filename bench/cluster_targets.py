@@ -22,7 +22,7 @@ from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, Worker
 from pdcluster.worker import plan
 
 MODEL = "models/tiny-llama"
-# 27xxx: below the ephemeral range and away from the tests' (18xxx/28xxx/31xxx), chaos' (38xxx) and persistence's (29xxx).
+# 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), chaos (38xxx), persistence (29xxx).
 PORTS = {"router": 27000, "bootstrap": 27998, "prefill": 27100, "kv_bootstrap": 27300, "decode": 27200,
          "colocated": 27500}
 
