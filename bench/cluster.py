@@ -9,7 +9,7 @@ SGLang's own benchmark (sglang.bench_serving), in alternating order with repeats
               busy-poll would steal the CPU of every other target).
 
 Also the idle CPU of each cluster (sleep-on-idle on and off). Writes bench/results/cluster.json and cluster.png
-(`--quick`: a small run for development, cluster-quick.json/.png). Hold `flock /tmp/pdcluster-cluster.lock` while it
+(`--quick`: a small run for development, cluster-quick.json/.png; `--decode-only`: bench/decode_only.py). Hold `flock /tmp/pdcluster-cluster.lock` while it
 runs (the Makefile target does). Details: bench/README.md.
 """
 
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import cluster_plot, cluster_report, idle, report, serving
@@ -29,12 +30,10 @@ from pdcluster.local import REPO
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # The SLO behind goodput: a request counts if its first token came within TTFT and every later one within TPOT on
-# average. Chosen for this model on this machine: about 4x the unloaded values (PD: TTFT ~200 ms, TPOT ~25 ms one
+# average. Chosen for this model on this machine: about 4x the unloaded values (PD: TTFT ~155 ms, TPOT ~25 ms one
 # request at a time), so that a request fails it by queueing behind others, not by the machine's usual noise.
-CONCURRENCY = 6
 SLO_MS = {"ttft": 1000.0, "tpot": 100.0}
-
-
+CONCURRENCY = 6
 LOCAL_SHAPE = ["bootstrap", "router", "prefill-0", "decode-0"]  # configs/local.yaml: what `make up` starts
 WARM_UP = serving.random_ids("warm-up", 8, rate=None, concurrency=4)
 
@@ -60,7 +59,7 @@ def loads(quick: bool) -> dict[str, serving.Workload]:
 class Session:
     """One cluster's worth of runs, each recorded with the CPU the rest of the machine used meanwhile."""
 
-    def __init__(self, name: str, out: Path, log: callable):
+    def __init__(self, name: str, out: Path, log: Callable[[str], None]):
         self.name, self.out, self.log, self.runs = name, out, log, []
         self.pids: dict[str, int] = {}
 
