@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
 
-.PHONY: setup system-packages venv model test unit e2e test-compose up bench chaos bench-persistence clean
+.PHONY: setup system-packages venv model test unit e2e test-compose up bench bench-cluster bench-decode-only chaos \
+	bench-persistence clean
 
 setup: system-packages venv model
 
@@ -46,6 +47,17 @@ up:
 
 bench:
 	$(PY) -m bench.router
+
+# Real clusters on the CPU demo model under sglang.bench_serving (~17 min): our router vs SGLang's, PD vs colocated,
+# prefix vs round robin, sleep-on-idle on vs off, idle CPU: bench/results/cluster.json and .png. Holds the shared
+# cluster lock so that no other real cluster runs meanwhile (QUICK=1: an ~8 min check of the harness).
+bench-cluster:
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster $(if $(QUICK),--quick)
+
+# Decode throughput and TPOT per batch size on one decode with fake KV, no prefill (~4 min):
+# bench/results/decode-only.json and .png.
+bench-decode-only:
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster --decode-only
 
 # Faults one at a time under load on a local 2P+2D cluster (~10 min): bench/results/chaos.json and .png.
 chaos:

@@ -133,10 +133,11 @@ def start_ours(log_dir: Path, prefill: Proc, decode: Proc, log_level: str = "war
     return start("router_ours", [sys.executable, "-m", "router", "--config", str(config)], log_dir, port)
 
 
-def start_sglang(log_dir: Path, prefill: Proc, decode: Proc) -> Proc:
+def start_sglang(log_dir: Path, prefill: Proc, decode: Proc, bootstrap_port: int = BOOTSTRAP_PORT) -> Proc:
+    """SGLang's Rust router in PD mode over one prefill (with its KV bootstrap port) and one decode."""
     port = free_port()
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-            "--prefill", prefill.url, str(BOOTSTRAP_PORT), "--decode", decode.url,
+            "--prefill", prefill.url, str(bootstrap_port), "--decode", decode.url,
             "--host", HOST, "--port", str(port), "--policy", "round_robin",
             "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
             "--log-level", "warn", "--shutdown-grace-period-secs", "1"]

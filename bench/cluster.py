@@ -1,0 +1,229 @@
+"""`python -m bench.cluster` (`make bench-cluster`): serving performance of real clusters on the CPU demo model, with
+SGLang's own benchmark (sglang.bench_serving), in alternating order with repeats:
+
+  ours        PD (1 prefill + 1 decode) through our router;
+  sglang      the same two workers through SGLang's Rust router in PD mode (sglang-router);
+  colocated   one plain SGLang server (no PD) on the same machine, same CPU profile and KV pool size;
+  prefix / round_robin   our router over 2 prefills + the decode with each prefill policy, on shared-prefix data;
+  busy-poll   the `ours` loads again on a cluster with sleep-on-idle off (its own session: idle schedulers that
+              busy-poll would steal the CPU of every other target).
+
+Also the idle CPU of each cluster (sleep-on-idle on and off). Writes bench/results/cluster.json and cluster.png
+(`--quick`: a small run for development, cluster-quick.json/.png; `--decode-only`: bench/decode_only.py). Hold `flock /tmp/pdcluster-cluster.lock` while it
+runs (the Makefile target does). Details: bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import cluster_plot, cluster_report, idle, report, serving
+from bench import cluster_targets as targets
+from pdcluster.local import REPO
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# The SLO behind goodput: a request counts if its first token came within TTFT and every later one within TPOT on
+# average. Chosen for this model on this machine: about 4x the unloaded values (PD: TTFT ~155 ms, TPOT ~25 ms one
+# request at a time), so that a request fails it by queueing behind others, not by the machine's usual noise.
+SLO_MS = {"ttft": 1000.0, "tpot": 100.0}
+CONCURRENCY = 6
+LOCAL_SHAPE = ["bootstrap", "router", "prefill-0", "decode-0"]  # configs/local.yaml: what `make up` starts
+WARM_UP = serving.random_ids("warm-up", 8, rate=None, concurrency=4)
+
+
+def loads(quick: bool) -> dict[str, serving.Workload]:
+    n = 12 if quick else 40
+    return {
+        # The comparison load: a closed loop of 6 requests in flight, more than a PD pair on 2 cores keeps up with
+        # (~2-3 requests/s here), so throughput is each target's capacity and latency includes its queueing.
+        "random": serving.random_ids("random", n, rate=None, concurrency=CONCURRENCY,
+                                     notes=f"random ids, 256 in / 32 out, {CONCURRENCY} in flight"),
+        # One request at a time: TTFT is then prefill + KV hand-off + first decode step, with every scheduler idle
+        # in between (where sleep-on-idle could delay the hand-off).
+        "serial": serving.random_ids("serial", 6 if quick else 12, rate=None, concurrency=1,
+                                     notes="one at a time, 256 in / 32 out"),
+        "shared-prefix": serving.shared_prefix("shared-prefix", groups=4, per_group=4 if quick else 10,
+                                               concurrency=CONCURRENCY,
+                                               notes="4 system prompts of 512 tokens, questions of 64, 32 out, "
+                                                     f"{CONCURRENCY} in flight"),
+    }
+
+
+class Session:
+    """One cluster's worth of runs, each recorded with the CPU the rest of the machine used meanwhile."""
+
+    def __init__(self, name: str, out: Path, log: Callable[[str], None]):
+        self.name, self.out, self.log, self.runs = name, out, log, []
+        self.pids: dict[str, int] = {}
+
+    def warm_up(self, target: str, base_url: str) -> None:
+        """Unrecorded: a first load on a target is slower (lazy initialisation in SGLang and torch)."""
+        serving.run(WARM_UP, base_url, self.out, f"{self.name}-{target}-warm-up", seed=0, slo=SLO_MS)
+
+    def measure(self, workload: serving.Workload, target: str, base_url: str, flush: list[str], repeat: int) -> None:
+        targets.flush_caches(flush)
+        window = idle.Window(self.pids)
+        tag = f"{self.name}-{target}-{workload.name}-{repeat}"
+        row = serving.run(workload, base_url, self.out, tag, seed=repeat + 1, slo=SLO_MS)
+        cpu = window.cores()
+        self.runs.append({"session": self.name, "target": target, "workload": workload.name, "repeat": repeat,
+                          **row, "cores_used_by_others": cpu["others"], "cpu_cores": cpu["per_tree"]})
+        self.log(f"{tag}: {row['request_throughput']:.2f} req/s, {row['output_throughput']:.0f} tok/s, TTFT p50 "
+                 f"{row['median_ttft_ms']:.0f} ms, TPOT p50 {row['median_tpot_ms']:.1f} ms, errors {row['errors']}, "
+                 f"others {cpu['others']:.2f} cores")
+
+    def idle(self, seconds: float) -> dict:
+        """The cluster as `make up` runs it, idle: only its own router and the workers' launchers probe the workers
+        (measured before the benchmark's routers start: each of them probes the workers' /health too)."""
+        time.sleep(5)  # let start-up work (first probes, registrations, logs) settle
+        cores = idle.measure_idle(self.pids, seconds)
+        cores["local_yaml_shape"] = LOCAL_SHAPE
+        cores["local_yaml_shape_total"] = round(sum(cores["per_tree"][n] for n in LOCAL_SHAPE), 4)
+        self.log(f"{self.name}: idle for {seconds:.0f} s: {cores['local_yaml_shape_total']:.3f} cores "
+                 f"({', '.join(f'{k} {v:.3f}' for k, v in cores['per_tree'].items())})")
+        return cores
+
+
+def cluster_pids(cluster) -> dict[str, int]:
+    return {name: p.popen.pid for name, p in cluster.processes.items()}
+
+
+def run_busy_poll(args, load: dict, log_dir: Path, log) -> tuple[list, dict]:
+    """sleep-on-idle off: a 1P+1D cluster (configs/local.yaml's shape), its idle CPU, and the `ours` loads."""
+    session = Session("busy-poll", log_dir, log)
+    cluster, started = targets.start_cluster(1, sleep_on_idle=False, log_dir=log_dir / "busy-poll"), []
+    try:
+        cluster.wait_ready()
+        session.pids = cluster_pids(cluster)
+        idle_cpu = session.idle(args.idle_seconds)
+        ours = targets.start_ours("router-ours", log_dir, targets.workers(cluster, "prefill"),
+                                  targets.workers(cluster, "decode"), "round_robin")
+        started.append(ours)
+        targets.wait_generates(ours, 120)
+        session.pids["router-ours"] = ours.popen.pid
+        flush = [w.url for w in targets.workers(cluster, "prefill") + targets.workers(cluster, "decode")]
+        session.warm_up("ours", ours.url)
+        for repeat in range(args.repeats):
+            for name in ("random", "serial"):
+                session.measure(load[name], "ours", ours.url, flush, repeat)
+    finally:
+        for proc in started:
+            proc.stop()
+        cluster.stop()
+    return session.runs, idle_cpu
+
+
+def run_main(args, load: dict, log_dir: Path, log) -> tuple[list, dict, dict]:
+    """sleep-on-idle on: 2 prefills + 1 decode, the colocated server, and one router per target."""
+    session = Session("main", log_dir, log)
+    cluster, started = targets.start_cluster(2, sleep_on_idle=True, log_dir=log_dir / "main"), []
+    try:
+        colocated = targets.start_colocated(log_dir, sleep_on_idle=True)
+        started.append(colocated)
+        began = time.monotonic()
+        cluster.wait_ready()
+        targets.wait_generates(colocated)
+        startup = round(time.monotonic() - began, 1)
+        session.pids = {**cluster_pids(cluster), "colocated": colocated.popen.pid}
+        idle_cpu = session.idle(args.idle_seconds)
+        prefills, decodes = targets.workers(cluster, "prefill"), targets.workers(cluster, "decode")
+        routers = {"ours": targets.start_ours("router-ours", log_dir, prefills[:1], decodes, "round_robin"),
+                   "sglang": targets.start_sglang_router(log_dir, prefills[0], decodes[0]),
+                   "prefix": targets.start_ours("router-prefix", log_dir, prefills, decodes, "prefix"),
+                   "round_robin": targets.start_ours("router-round-robin", log_dir, prefills, decodes, "round_robin")}
+        started += routers.values()
+        for proc in routers.values():
+            targets.wait_generates(proc, 120)
+        session.pids.update({f"router-{k}": p.popen.pid for k, p in routers.items()})
+        urls = {"colocated": colocated.url, **{k: p.url for k, p in routers.items()}}
+        for target, url in urls.items():
+            session.warm_up(target, url)
+        log(f"main: serving {startup} s after the start; warmed up")
+        pd_workers = [prefills[0].url, decodes[0].url]
+        all_workers = [w.url for w in prefills + decodes]
+        for repeat in range(args.repeats):
+            turn = repeat % 3  # each target goes first, second and third in turn
+            for target in (["ours", "sglang", "colocated"] * 2)[turn:turn + 3]:
+                session.measure(load["random"], target, urls[target],
+                                [colocated.url] if target == "colocated" else pd_workers, repeat)
+            for target in (["ours", "colocated"] if repeat % 2 == 0 else ["colocated", "ours"]):
+                session.measure(load["serial"], target, urls[target],
+                                [colocated.url] if target == "colocated" else pd_workers, repeat)
+            for policy in (["prefix", "round_robin"] if repeat % 2 == 0 else ["round_robin", "prefix"]):
+                session.measure(load["shared-prefix"], policy, urls[policy], all_workers, repeat)
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+        cluster.stop()
+    return session.runs, idle_cpu, {"seconds_to_serving": startup}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few prompts, 2 repeats: a check of the harness")
+    parser.add_argument("--repeats", type=int, help="runs of each target and load (default 3, --quick 2)")
+    parser.add_argument("--idle-seconds", type=float, help="idle CPU window (default 20 s, --quick 8 s)")
+    parser.add_argument("--no-busy-poll", action="store_true", help="skip the sleep-on-idle off session")
+    parser.add_argument("--decode-only", action="store_true", help="decode on fake KV instead (bench.decode_only)")
+    parser.add_argument("--out", type=Path, help="result path without extension (default bench/results/cluster)")
+    args, rest = parser.parse_known_args(argv)
+    if args.decode_only:
+        from bench import decode_only
+
+        return decode_only.main(rest + (["--quick"] if args.quick else []))
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    args.idle_seconds = args.idle_seconds or (8.0 if args.quick else 20.0)
+    out = args.out or RESULTS / ("cluster-quick" if args.quick else "cluster")
+    began, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
+
+    def log(line: str) -> None:
+        print(f"[cluster {time.monotonic() - t0:5.0f}s] {line}", flush=True)
+
+    subprocess.run([sys.executable, "scripts/build_demo_model.py", "--out", str(REPO / targets.MODEL)], cwd=REPO,
+                   check=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    log(f"process logs and bench_serving outputs in {log_dir}")
+    machine = {**report.machine(), "cores_busy_before_start": round(procs_busy(), 3)}
+    load = loads(args.quick)
+    runs, idle_cpu = [], {}
+    if not args.no_busy_poll:
+        busy_runs, idle_cpu["sleep_on_idle_off"] = run_busy_poll(args, load, log_dir, log)
+        runs += busy_runs
+    main_runs, idle_cpu["sleep_on_idle_on"], startup = run_main(args, load, log_dir, log)
+    runs += main_runs
+    result = {
+        "benchmark": "pdcluster on real SGLang (CPU, models/tiny-llama): our router vs SGLang's router vs colocated, "
+                     "prefix vs round_robin, sleep-on-idle on vs off",
+        "settings": {"quick": args.quick, "repeats": args.repeats, "slo_ms": SLO_MS,
+                     "loads": {k: {"argv": w.argv(0), "notes": w.notes} for k, w in load.items()},
+                     "idle_seconds": args.idle_seconds},
+        "machine": machine, "started_utc": began, "wall_seconds": round(time.monotonic() - t0), "startup": startup,
+        "idle_cpu_cores": idle_cpu, "runs": runs, "summary": cluster_report.summarize(runs),
+    }
+    result["derived"] = cluster_report.derive(result["summary"], idle_cpu)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
+    cluster_plot.draw(result, Path(f"{out}.png"))
+    for line in cluster_report.lines(result["derived"]):
+        log(line)
+    log(f"wrote {out}.json and {out}.png in {result['wall_seconds']} s")
+    return 0
+
+
+def procs_busy() -> float:
+    before = idle.busy_cpu_seconds()
+    time.sleep(2.0)
+    return (idle.busy_cpu_seconds() - before) / 2.0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

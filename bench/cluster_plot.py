@@ -1,0 +1,62 @@
+"""Draw bench/results/cluster.png: per target, the median of the repeats as a bar and every repeat as a dot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+PANELS = (
+    ("random", ("request_throughput", "requests/s"), ("output_throughput", "output tokens/s"),
+     ("median_ttft_ms", "TTFT p50 ms"), ("p99_ttft_ms", "TTFT p99 ms"), ("median_tpot_ms", "TPOT p50 ms"),
+     ("p99_itl_ms", "ITL p99 ms"), ("request_goodput", "goodput req/s")),
+    ("serial", ("median_ttft_ms", "TTFT p50 ms"), ("median_tpot_ms", "TPOT p50 ms")),
+    ("shared-prefix", ("median_ttft_ms", "TTFT p50 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
+     ("cached_tokens", "cached prompt tokens"), ("request_throughput", "requests/s")),
+)
+COLORS = {"ours": "#1f77b4", "sglang": "#ff7f0e", "colocated": "#2ca02c", "prefix": "#9467bd",
+          "round_robin": "#8c564b", "busy-poll ours": "#7f7f7f"}
+
+
+def _label(key: str) -> str:
+    session, target, _ = key.split("/")
+    return f"busy-poll {target}" if session == "busy-poll" else target
+
+
+def draw(result: dict, path: Path) -> None:
+    summary = result["summary"]
+    rows = [(workload, metric, title) for workload, *metrics in PANELS for metric, title in metrics]
+    cols = 4
+    fig, axes = plt.subplots((len(rows) + 1 + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.2 * 4))
+    axes = axes.flatten()
+    for ax, (workload, metric, title) in zip(axes, rows):
+        keys = [k for k in summary if k.endswith(f"/{workload}") and metric in summary[k]]
+        for i, key in enumerate(keys):
+            cell, label = summary[key][metric], _label(key)
+            ax.bar(i, cell["median"], color=COLORS.get(label, "#333333"), alpha=0.75)
+            ax.scatter([i] * len(cell["runs"]), cell["runs"], color="black", s=10, zorder=3)
+            ax.annotate(f"{cell['median']:.3g}", (i, cell["median"]), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(keys)), [_label(k) for k in keys], rotation=20, fontsize=7)
+        ax.set_title(f"{workload}: {title}", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    ax = axes[len(rows)]
+    idle = result.get("idle_cpu_cores", {})
+    names = list(idle)
+    ax.bar(range(len(names)), [idle[n]["local_yaml_shape_total"] for n in names], color="#555555")
+    ax.axhline(0.10, color="red", ls="--", lw=1, label="target 0.1 core")
+    ax.set_xticks(range(len(names)), [n.replace("sleep_on_idle_", "sleep-on-idle ") for n in names], fontsize=8)
+    ax.set_title("idle local cluster (1P+1D, router, bootstrap): cores", fontsize=9)
+    ax.legend(fontsize=7)
+    for ax in axes[len(rows) + 1:]:
+        ax.axis("off")
+    m = result["machine"]
+    fig.suptitle(f"pdcluster cluster benchmark (real SGLang, CPU, tiny-llama) - {m['cpu_count']} CPUs, "
+                 f"{result['started_utc']}, commit {(m.get('git_commit') or '?')[:8]}; bars: median of "
+                 f"{result['settings']['repeats']} repeats, dots: each repeat", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,129 @@
+"""The real serving targets bench.cluster measures, started and stopped by their own PIDs.
+
+Workers come from pdcluster.local (the launcher behind `make up` and the end-to-end tests) on ports of their own;
+each router under test is a separate process over a static list of those workers, so that two routers (ours and
+SGLang's) or two policies see exactly the same SGLang processes. The colocated baseline is one plain SGLang server
+(no PD) with the same CPU profile as a pdcluster worker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import yaml
+
+from bench import procs
+from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.worker import plan
+
+MODEL = "models/tiny-llama"
+# 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), chaos (38xxx), persistence (29xxx).
+PORTS = {"router": 27000, "bootstrap": 27998, "prefill": 27100, "kv_bootstrap": 27300, "decode": 27200,
+         "colocated": 27500}
+
+
+@dataclass
+class Worker:
+    """A worker of the local cluster as the router launchers in bench.procs want it (only .url is read)."""
+    name: str
+    url: str
+    kv_bootstrap_port: int | None = None
+
+
+def worker_config(role: str, sleep_on_idle: bool, out_dir: Path) -> str:
+    """configs/<role>.yaml, or a copy with sleep-on-idle switched off (the only difference)."""
+    source = f"configs/{role}.yaml"
+    if sleep_on_idle:
+        return source
+    data = yaml.safe_load((REPO / source).read_text())
+    data["sleep-on-idle"] = False
+    path = out_dir / f"{role}-busy-poll.yaml"
+    path.write_text(f"# {source} with sleep-on-idle off, written by bench.cluster\n" + yaml.safe_dump(data))
+    return str(path)
+
+
+def start_cluster(prefills: int, sleep_on_idle: bool, log_dir: Path) -> LocalCluster:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    spec = LocalSpec(
+        bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=PORTS["bootstrap"]),
+        router=ComponentSpec(config="configs/router.yaml", port=PORTS["router"]),
+        prefill=WorkerGroupSpec(config=worker_config("prefill", sleep_on_idle, log_dir), count=prefills,
+                                first_port=PORTS["prefill"], first_kv_bootstrap_port=PORTS["kv_bootstrap"]),
+        decode=WorkerGroupSpec(config=worker_config("decode", sleep_on_idle, log_dir), count=1,
+                               first_port=PORTS["decode"]),
+        ready_timeout=900,
+    )
+    cluster = LocalCluster(spec, log_dir, report=lambda line: print(f"cluster: {line}", flush=True))
+    cluster.start()
+    return cluster
+
+
+def workers(cluster: LocalCluster, role: str) -> list[Worker]:
+    group = cluster.spec.prefill if role == "prefill" else cluster.spec.decode
+    return [Worker(f"{role}-{i}", f"http://127.0.0.1:{group.first_port + i}",
+                   group.first_kv_bootstrap_port + i if role == "prefill" else None) for i in range(group.count)]
+
+
+def start_ours(name: str, log_dir: Path, prefills: list[Worker], decodes: list[Worker], policy: str) -> procs.Proc:
+    """Our router over a static list (no discovery: it must not pick up the other workers of the cluster)."""
+    port = procs.free_port()
+    config = {"host": procs.HOST, "port": port, "bootstrap_url": None,
+              "prefill": [{"url": w.url, "bootstrap_port": w.kv_bootstrap_port} for w in prefills],
+              "decode": [{"url": w.url} for w in decodes],
+              "prefill_policy": policy, "decode_policy": "round_robin", "log_level": "warning",
+              "workers": 1}  # one process: on 2 cores the SGLang workers need the other one
+    path = log_dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return procs.start(name, [sys.executable, "-m", "router", "--config", str(path)], log_dir, port)
+
+
+def start_sglang_router(log_dir: Path, prefill: Worker, decode: Worker) -> procs.Proc:
+    return procs.start_sglang(log_dir, prefill, decode, bootstrap_port=prefill.kv_bootstrap_port)
+
+
+def colocated_command(port: int, sleep_on_idle: bool) -> tuple[list[str], dict[str, str]]:
+    """One SGLang server doing prefill and decode, with the pdcluster CPU profile minus the PD options."""
+    flags = {k: v for k, v in plan.CPU_FLAGS.items() if not k.startswith("disaggregation")}
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", MODEL, "--served-model-name", "tiny-llama",
+            "--host", procs.HOST, "--port", str(port), "--dtype", "float32", "--log-level", "warning"]
+    for key, value in flags.items():
+        argv += [f"--{key}", str(value)]
+    # The prefill's CPU workaround (a prefix-cache hit with the overlap scheduler fails on CPU) applies here too.
+    argv += ["--disable-overlap-schedule"] + (["--sleep-on-idle"] if sleep_on_idle else [])
+    shim = str(plan.CPU_SHIM_DIR) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    return argv, {**plan.COMMON_ENV, **plan.CPU_ENV, "PYTHONPATH": shim}
+
+
+def start_colocated(log_dir: Path, sleep_on_idle: bool) -> procs.Proc:
+    argv, env = colocated_command(PORTS["colocated"], sleep_on_idle)
+    return procs.start("colocated", argv, log_dir, PORTS["colocated"], env=env)
+
+
+def wait_generates(proc: procs.Proc, timeout: float = 600) -> float:
+    return procs.wait_ready(proc, lambda: procs.generate_ok(proc.port), timeout)
+
+
+def flush_caches(urls: list[str]) -> None:
+    """Empty every worker's radix cache, so no run profits from the prompts of the one before."""
+    for url in urls:
+        httpx.post(f"{url}/flush_cache", timeout=30)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+    except psutil.NoSuchProcess:
+        pass
+    return total

@@ -1,0 +1,69 @@
+"""CPU of idle processes and of the rest of the machine, from psutil: the idle-cluster measurement of bench.cluster,
+and the "how busy were the others" figure recorded with every benchmark run."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+from bench.cluster_targets import tree_cpu_seconds
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent not idle since boot."""
+    t = psutil.cpu_times()
+    idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
+    return sum(t) - idle  # guest time is counted in user time already
+
+
+def own_cpu_seconds(pids: dict[str, int]) -> float:
+    """This process (the load generator) and every process tree under test."""
+    me = psutil.Process().cpu_times()
+    return me.user + me.system + sum(tree_cpu_seconds(pid) for pid in pids.values())
+
+
+class Window:
+    """CPU used during a stretch of time: by each process tree under test, and by everything else on the machine."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids = pids
+        self.start = time.monotonic()
+        self.trees = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
+        self.machine, self.own = busy_cpu_seconds(), own_cpu_seconds(pids)
+
+    def cores(self) -> dict:
+        wall = time.monotonic() - self.start
+        trees = {name: round((tree_cpu_seconds(pid) - self.trees[name]) / wall, 4) for name, pid in self.pids.items()}
+        machine = (busy_cpu_seconds() - self.machine) / wall
+        others = max(0.0, machine - (own_cpu_seconds(self.pids) - self.own) / wall)
+        return {"seconds": round(wall, 1), "per_tree": trees, "machine": round(machine, 3),
+                "others": round(others, 3)}
+
+
+def _per_process(pids: dict[str, int]) -> dict[str, tuple[psutil.Process, float]]:
+    found = {}
+    for tree, pid in pids.items():
+        try:
+            root = psutil.Process(pid)
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    t = p.cpu_times()
+                    found[f"{tree}/{p.pid} {p.name()}"] = (p, t.user + t.system)
+                except psutil.NoSuchProcess:
+                    pass
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def measure_idle(pids: dict[str, int], seconds: float) -> dict:
+    """Cores each process tree used while nothing was asked of it (its health probes, heartbeats, polling), and
+    which processes of the trees used them (SGLang names its scheduler and detokenizer processes)."""
+    window, before = Window(pids), _per_process(pids)
+    time.sleep(seconds)
+    after = _per_process(pids)
+    cores = window.cores()
+    busiest = {k: round((after[k][1] - before[k][1]) / cores["seconds"], 4) for k in after if k in before}
+    cores["per_process"] = dict(sorted(((k, v) for k, v in busiest.items() if v >= 0.002), key=lambda kv: -kv[1]))
+    return cores
