@@ -17,7 +17,7 @@ from tests.e2e.conftest import demo_model  # noqa: F401 - the fixture, shared by
 PORT = 27650  # not bench.decode_only's 27600: a benchmark and this test may be started one after the other
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # gone before the other clusters of `make test` start
 def decode_worker(demo_model) -> str:  # noqa: F811 - the imported fixture
     log_dir = Path(tempfile.mkdtemp(prefix="e2e-decode-only-"))
     worker = decode_only.start_worker(log_dir, PORT)
