@@ -127,7 +127,7 @@ def start_ours(log_dir: Path, prefill: Proc, decode: Proc, log_level: str = "war
     config.write_text(
         "# written by bench.procs: our router, static workers (the fakes), no bootstrap service\n"
         f"host: {HOST}\nport: {port}\nbootstrap_url: null\n"
-        f"prefill: [{{url: \"{prefill.url}\", bootstrap_port: {BOOTSTRAP_PORT}}}]\n"
+        f"prefill: [{{url: \"{prefill.url}\", kv_bootstrap_port: {BOOTSTRAP_PORT}}}]\n"
         f"decode: [{{url: \"{decode.url}\"}}]\n"
         f"prefill_policy: round_robin\ndecode_policy: round_robin\nlog_level: {log_level}\nworkers: {workers}\n")
     return start("router_ours", [sys.executable, "-m", "router", "--config", str(config)], log_dir, port)
