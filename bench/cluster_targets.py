@@ -73,7 +73,7 @@ def start_ours(name: str, log_dir: Path, prefills: list[Worker], decodes: list[W
     """Our router over a static list (no discovery: it must not pick up the other workers of the cluster)."""
     port = procs.free_port()
     config = {"host": procs.HOST, "port": port, "bootstrap_url": None,
-              "prefill": [{"url": w.url, "bootstrap_port": w.kv_bootstrap_port} for w in prefills],
+              "prefill": [{"url": w.url, "kv_bootstrap_port": w.kv_bootstrap_port} for w in prefills],
               "decode": [{"url": w.url} for w in decodes],
               "prefill_policy": policy, "decode_policy": "round_robin", "log_level": "warning",
               "workers": 1}  # one process: on 2 cores the SGLang workers need the other one
