@@ -7,13 +7,11 @@ import asyncio
 import json
 from contextlib import ExitStack
 
-import httpx
 import pytest
 
 from router.app import create_app
 from router.config import RouterConfig
-from tests.fakes import Behaviour, FakeWorker, ServerThread, until
-from tests.unit.test_router_pd import cluster
+from tests.fakes import Behaviour, FakeWorker, ServerThread
 
 
 async def _eventually(predicate, timeout: float = 15.0) -> bool:
@@ -74,17 +72,3 @@ def test_a_client_that_leaves_right_after_the_headers_frees_the_pair(how):
     assert in_flight == [0, 0]
     assert prefill.aborted == decode.aborted == [decode.received[0]["rid"]]
 
-
-def test_a_decode_that_stalls_mid_stream_past_read_timeout_is_aborted_with_its_prefill():
-    """The decode may still be generating when the router gives up on it: both halves are aborted, as for
-    first_byte_timeout, and the client's stream ends with an error event that names the limit."""
-    # The prefill answers at once: one that hung would hit read_timeout first.
-    prefill, decode = FakeWorker(), FakeWorker(Behaviour(chunks=5, stall_after_chunks=2))
-    with cluster(prefill, decode, read_timeout=1.0) as url:
-        with httpx.stream("POST", f"{url}/generate", json={"text": "hi", "stream": True}, timeout=30) as response:
-            events = [line for line in response.iter_lines() if line.startswith("data:")]
-        assert until(lambda: prefill.aborted and decode.aborted)
-    assert len(events) == 3
-    error = json.loads(events[-1].removeprefix("data: "))["error"]
-    assert error["code"] == 504 and "read_timeout (1.0s)" in error["message"] and "decode" in error["message"]
-    assert prefill.aborted == decode.aborted == [decode.received[0]["rid"]]
