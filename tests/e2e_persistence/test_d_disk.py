@@ -93,8 +93,8 @@ def errors_logged(pc, offset: int, *reasons: str) -> list[str]:
     return read()
 
 
-# skip-ok: a developer's non-root run only; in CI (root, or CI set) the test runs and fails if it cannot mount.
-@pytest.mark.skipif(not ROOT and not os.environ.get("CI"), reason="a full filesystem needs a tmpfs mount (root)")
+# A developer's non-root run only; in CI (root, or CI set) the test runs and fails if it cannot mount.
+@pytest.mark.skipif(not ROOT and not os.environ.get("CI"), reason="a full filesystem needs a tmpfs mount (root)")  # skip-ok: non-root dev run only
 def test_full_disk_costs_recomputation_only(pc, reference, bounded, small_dir):
     """First in this module, on an empty namespace: with pages stored, the evictor would make room for each write by
     deleting old pages (the bound is checked before the disk), and the disk would never be full for long."""

@@ -106,8 +106,8 @@ def test_ops_take_sgl_kernels_parameters_and_reject_bad_shapes():
 
 # --- the plugin against the installed SGLang ---------------------------------------------------------------------
 
-# skip-ok: on a CUDA machine the plugin is a no-op by design (its no-op tests run there); CI has no GPU.
-needs_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the adaptation is for machines without CUDA")
+# On a CUDA machine the plugin is a no-op by design (its no-op tests run there); CI has no GPU.
+needs_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the adaptation is for machines without CUDA")  # skip-ok: GPU only
 
 
 @pytest.fixture
