@@ -72,8 +72,9 @@ class Dispatcher:
             response = await self._decode_head(request, decode, raw, prefill_half)
             passthrough = {k: v for k in _PASSED_ON if (v := response.headers.get(k)) is not None}
             if request.stream:
-                return StreamAnswer(response.status, self._relay(request, lease.hand_over(), response, prefill_half),
-                                    passthrough)
+                lease.hand_over()
+                return StreamAnswer(response.status, self._relay(request, lease, response, prefill_half), passthrough,
+                                    lambda: self._close_stream(request, lease, response, prefill_half))
             try:
                 payload = await response.read()
             finally:
@@ -138,10 +139,23 @@ class Dispatcher:
         finally:
             total_timer.cancel()
             first_timer.cancel()
-            response.close()
-            lease.release()
-            prefill_half.let_finish(self._background)
-            self.metrics.latency.labels(request.route).observe(time.monotonic() - request.attempt_started)
+            self._end_stream(request, lease, response, prefill_half)
+
+    def _close_stream(self, request: PdRequest, lease: Lease, response: UpstreamResponse,
+                      prefill_half: PrefillHalf) -> None:
+        """The edge closes every stream it was handed. If its relay never ran (the client left, or the server's
+        send failed, before the first chunk was pulled), the attempt still holds its lease: end it as a client
+        that leaves mid-stream does, both halves aborted. Else the relay ended it already: nothing to do."""
+        if lease.held:
+            self.abort(request, halves_to_abort(None, lease.prefill, lease.decode))
+            self._end_stream(request, lease, response, prefill_half)
+
+    def _end_stream(self, request: PdRequest, lease: Lease, response: UpstreamResponse,
+                    prefill_half: PrefillHalf) -> None:
+        response.close()
+        lease.release()
+        prefill_half.let_finish(self._background)
+        self.metrics.latency.labels(request.route).observe(time.monotonic() - request.attempt_started)
 
     def _deadlines(self, request: PdRequest, decode: Worker,
                    response: UpstreamResponse) -> tuple[asyncio.TimerHandle, asyncio.TimerHandle]:

@@ -5,7 +5,8 @@ streamed one (bench/results/asgi_overhead.json), as much as the rest of the rout
 route is a function from an EdgeRequest to an Answer or a StreamAnswer; uvicorn still parses HTTP.
 
 A client that disconnects is noticed within WATCH_AFTER (uvicorn's receive() returns http.disconnect): the task
-serving it is cancelled, which is what makes the dispatcher abort both halves of its PD pair.
+serving it is cancelled, which is what makes the dispatcher abort both halves of its PD pair. A stream's answer is
+closed (StreamAnswer.close) whether or not its first chunk was pulled, so that its pair is always freed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class StreamAnswer:
     status: int
     chunks: AsyncIterator[bytes]
     headers: dict[str, str] = field(default_factory=lambda: {"content-type": "text/event-stream"})
+    # Called by the edge once the answer is over, however it ended. Why `chunks` alone is not enough: an async
+    # generator that was never started runs no clean-up on aclose(), and a client may leave (or the server's send
+    # may fail) before the first chunk is pulled. Must do nothing if the iterator's own clean-up ran.
+    close: Callable[[], None] = lambda: None
 
 
 def error_answer(status: int, message: str, param: str | None = None) -> Answer:
@@ -118,17 +123,15 @@ class Edge:
             task.cancel()
 
         request = EdgeRequest(scope, receive, on_disconnect)
-        chunks: AsyncIterator[bytes] | None = None
+        answer: Answer | StreamAnswer | None = None
         try:
             answer = await route(request)
             await send({"type": "http.response.start", "status": answer.status, "headers": _headers(answer)})
             if isinstance(answer, Answer):
                 await send({"type": "http.response.body", "body": answer.body})
             else:
-                chunks = answer.chunks
-                async for chunk in chunks:
+                async for chunk in answer.chunks:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                chunks = None
                 await send({"type": "http.response.body", "body": b""})
         except ClientGone:
             pass
@@ -138,9 +141,16 @@ class Edge:
             task.uncancel()  # our own cancellation: the client is gone and the halves were aborted; nothing to send
         finally:
             request.finish()
-            if chunks is not None:  # cancelled between chunks: let the relay run its clean-up (the aborts)
-                with contextlib.suppress(Exception):
-                    await chunks.aclose()
+            if isinstance(answer, StreamAnswer):  # on every path, also one where no chunk was ever pulled
+                await _end_stream(answer)
+
+
+async def _end_stream(answer: StreamAnswer) -> None:
+    try:
+        with contextlib.suppress(Exception):  # cut off between chunks: the relay runs its own clean-up (the aborts)
+            await answer.chunks.aclose()
+    finally:
+        answer.close()
 
 
 def _headers(answer: Answer | StreamAnswer) -> list[tuple[bytes, bytes]]:

@@ -11,7 +11,7 @@ stay in `detail`, which goes to the router's log with the request id.
 from __future__ import annotations
 
 from router.edge import Answer, error_answer
-from router.upstream import ConnectFailed, UpstreamError
+from router.upstream import ConnectFailed, ReadTimeout, UpstreamError
 from router.workers import Worker
 
 
@@ -58,7 +58,8 @@ class DeadlinePassed(HalfFailed):
 def halves_to_abort(failure: HalfFailed | None, prefill: Worker, decode: Worker) -> tuple[Worker, ...]:
     """Which halves of an attempt that ended early get SGLang's /abort_request: the other half of the one that
     failed (whose own work ended with its error or its connection), or both when the router ended the attempt
-    (`failure` None: the client left or total_timeout passed; or a failure that `ends_both`)."""
+    (`failure` None: the client left or total_timeout passed; or a failure that `ends_both`: a deadline of the
+    router's own, or a half that timed out)."""
     if failure is None or failure.ends_both:
         return prefill, decode
     return (decode,) if failure.worker is prefill else (prefill,)
@@ -79,7 +80,11 @@ def transport_failure(worker: Worker, exc: Exception) -> HalfFailed:
     if isinstance(exc, ConnectFailed):  # the worker never saw the request: another pair may take it
         return HalfFailed(worker, 502, f"{_who(worker)} unreachable", retryable=True, transport=True, detail=detail)
     if isinstance(exc, TimeoutError):
-        return HalfFailed(worker, 504, f"{_who(worker)} timed out", transport=True, detail=detail)
+        # The router gave up waiting, but the worker may still be working on it (a decode still generating): both
+        # halves are aborted, as for first_byte_timeout.
+        limit = f" for read_timeout ({exc.seconds}s)" if isinstance(exc, ReadTimeout) else ""
+        return HalfFailed(worker, 504, f"{_who(worker)} sent nothing{limit}", transport=True, detail=detail,
+                          ends_both=True)
     return HalfFailed(worker, 502, f"{_who(worker)} dropped the connection", retryable=True, transport=True,
                       detail=detail)
 

@@ -1,7 +1,8 @@
 """The workers' books for one attempt, kept in one place: a Lease on the pair, held for the length of the attempt.
 
 - `in_flight` (what load-aware policies compare): +1 on both workers from the attempt's start until its answer is
-  over: for a stream, its last chunk, so the relay that the lease is handed over to releases it.
+  over: for a stream, its last chunk, so the relay that the lease is handed over to releases it (or the stream's
+  close hook, if the client left before the relay began).
 - The circuit breaker (router/breaker.py): the attempt may be a half-open breaker's trial. When the decode's
   answer starts, the trial succeeded; when a half fails, that worker's breaker hears of it if the failure is the
   worker's (failures.py); either way the trial is over when the `with` block ends, also for an attempt that
@@ -58,6 +59,11 @@ class Lease:
         if failure.transport:  # unreachable or dropped the connection: out of rotation until a probe succeeds
             mark_failed(worker, threshold=1)
             self._ejections.labels(worker.role.value).inc()
+
+    @property
+    def held(self) -> bool:
+        """Not yet released: the attempt is not over."""
+        return self._held
 
     def release(self) -> None:
         if self._held:

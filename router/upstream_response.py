@@ -30,7 +30,11 @@ class ConnectionDropped(UpstreamError):
 
 
 class ReadTimeout(UpstreamError, TimeoutError):
-    """No byte came for read_timeout seconds."""
+    """No byte came for `seconds` (read_timeout, unless the wait had a limit of its own)."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"no data for {seconds}s")
+        self.seconds = seconds
 
 
 class UpstreamResponse:
@@ -105,7 +109,7 @@ class UpstreamResponse:
 
     def _time_out(self, waiter: asyncio.Future, seconds: float) -> None:
         if not waiter.done():  # else data came in this very loop iteration: no timeout
-            self.interrupt(ReadTimeout(f"no data for {seconds}s"))
+            self.interrupt(ReadTimeout(seconds))
 
     async def wait_headers(self, timeout: float | None = None) -> None:
         while not self.status and self._error is None:

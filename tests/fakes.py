@@ -28,6 +28,7 @@ class Behaviour:
     hang: bool = False  # never answer (until aborted)
     fail_first: int = 0  # answer the first N requests with 503, then behave
     first_chunk_delay: float = 0.0  # a stream's head goes out at once (as SGLang's does), its first event this late
+    stall_after_chunks: int | None = None  # send nothing more mid-stream (a stuck scheduler) until aborted
 
 
 @dataclass
@@ -70,18 +71,22 @@ class FakeWorker:
             if not body.get("stream"):
                 return JSONResponse({"text": "x" * b.chunks, "output_ids": list(range(b.chunks)),
                                      "meta_info": {"id": body.get("rid")}})
-            return StreamingResponse(self._stream(b), media_type="text/event-stream")
+            return StreamingResponse(self._stream(b, body.get("rid")), media_type="text/event-stream")
 
         for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
             app.post(path)(generate)
         return app
 
-    async def _stream(self, b: Behaviour):
+    async def _stream(self, b: Behaviour, rid: str | None):
         if b.first_chunk_delay:
             await asyncio.sleep(b.first_chunk_delay)
         for i in range(b.chunks):
             if b.drop_after_chunks is not None and i == b.drop_after_chunks:
                 raise RuntimeError("fake worker crashed mid-stream")  # uvicorn drops the connection
+            if b.stall_after_chunks is not None and i == b.stall_after_chunks:
+                while rid not in self.aborted:
+                    await asyncio.sleep(0.01)
+                return
             yield f"data: {json.dumps({'text': 'x' * (i + 1), 'output_ids': list(range(i + 1))})}\n\n".encode()
             if b.chunk_delay:
                 await asyncio.sleep(b.chunk_delay)

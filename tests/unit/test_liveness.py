@@ -100,8 +100,8 @@ class FreezableWorker(FakeWorker):
 
         return app
 
-    async def _stream(self, b: Behaviour):
-        async for chunk in super()._stream(b):
+    async def _stream(self, b: Behaviour, rid: str | None):
+        async for chunk in super()._stream(b, rid):
             while self.frozen or self.stalled:
                 await asyncio.sleep(0.01)
             yield chunk
