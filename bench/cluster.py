@@ -49,10 +49,13 @@ def loads(quick: bool) -> dict[str, serving.Workload]:
         # in between (where sleep-on-idle could delay the hand-off).
         "serial": serving.random_ids("serial", 6 if quick else 12, rate=None, concurrency=1,
                                      notes="one at a time, 256 in / 32 out"),
-        "shared-prefix": serving.shared_prefix("shared-prefix", groups=4, per_group=4 if quick else 10,
+        # Many prefixes, two requests each: what decides the cached tokens is how often a prefix's second request
+        # finds the first one's prefill. Prefix affinity sends it there; round robin does half the time. (With
+        # few groups of many requests, both miss each prefix about once per prefill and barely differ.)
+        "shared-prefix": serving.shared_prefix("shared-prefix", groups=6 if quick else 20, per_group=2,
                                                concurrency=CONCURRENCY,
-                                               notes="4 system prompts of 512 tokens, questions of 64, 32 out, "
-                                                     f"{CONCURRENCY} in flight"),
+                                               notes=f"{6 if quick else 20} system prompts of 512 tokens, 2 "
+                                                     f"questions of 64 each, 32 out, {CONCURRENCY} in flight"),
     }
 
 
