@@ -203,15 +203,6 @@ def dry_run_argv(name: str, command: list[str]) -> list[str]:
     return [*argv, "--dry-run"]
 
 
-@pytest.fixture(scope="module")
-def demo_model() -> Path:
-    model = REPO / "models" / "tiny-llama"
-    if not (model / "config.json").is_file():  # `make setup` builds it; the image has its own
-        subprocess.run([sys.executable, "scripts/build_demo_model.py", "--out", "models/tiny-llama"], cwd=REPO,
-                       check=True)
-    return model
-
-
 def test_every_service_command_dry_runs(compose, demo_model, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the GPU model is a hub id, which the container downloads
     names = sorted(compose["services"])

@@ -7,8 +7,6 @@ from __future__ import annotations
 import argparse
 import copy
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -50,15 +48,6 @@ def test_configs_are_compose_configs(rendered):
         assert chart_config("cpu", role) == strip(compose_config(f"{role}-cpu.yaml"), "cluster.bootstrap_url"), role
         expected = strip(compose_config(f"{role}.yaml"), "cluster.bootstrap_url", "mem-fraction-static")
         assert chart_config("default", role) == {**expected, "enable-metrics": True}, role
-
-
-@pytest.fixture(scope="module")
-def demo_model() -> Path:
-    model = REPO / "models" / "tiny-llama"
-    if not (model / "config.json").is_file():  # `make setup` builds it; the image has its own
-        subprocess.run([sys.executable, "scripts/build_demo_model.py", "--out", "models/tiny-llama"], cwd=REPO,
-                       check=True)
-    return model
 
 
 def expand(text: str, env: dict[str, str]) -> str:
