@@ -9,8 +9,8 @@ SGLang's own benchmark (sglang.bench_serving), in alternating order with repeats
               busy-poll would steal the CPU of every other target).
 
 Also the idle CPU of each cluster (sleep-on-idle on and off). Writes bench/results/cluster.json and cluster.png
-(`--quick`: a small run for development, cluster-quick.json/.png; `--decode-only`: bench/decode_only.py). Hold `flock /tmp/pdcluster-cluster.lock` while it
-runs (the Makefile target does). Details: bench/README.md.
+(`--quick`: a small run for development, cluster-quick.json/.png; `--decode-only`: bench/decode_only.py). Hold
+`flock /tmp/pdcluster-cluster.lock` while it runs (the Makefile target does). Details: bench/README.md.
 """
 
 from __future__ import annotations
@@ -35,27 +35,31 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SLO_MS = {"ttft": 1000.0, "tpot": 100.0}
 CONCURRENCY = 6
 LOCAL_SHAPE = ["bootstrap", "router", "prefill-0", "decode-0"]  # configs/local.yaml: what `make up` starts
+BUSY_POLL_LOADS = ("random", "serial")  # what the sleep-on-idle off session runs
 WARM_UP = serving.random_ids("warm-up", 8, rate=None, concurrency=4)
 
 
-def loads(quick: bool) -> dict[str, serving.Workload]:
-    n = 12 if quick else 40
+def loads(quick: bool, busy_poll: bool = False) -> dict[str, serving.Workload]:
+    """Runs are long enough that their start and end (ramp-up, the last request alone) do not decide a run's rate:
+    with 40 random prompts a colocated run lasted 1.2-2 s and its repeats spread 61%. The busy-poll session keeps
+    the short counts: at ~1 request/s there they already take 30-40 s."""
+    random_n, serial_n, groups = (12, 6, 6) if quick else (40, 12, 40) if busy_poll else (120, 36, 40)
     return {
         # The comparison load: a closed loop of 6 requests in flight, more than a PD pair on 2 cores keeps up with
-        # (~2-3 requests/s here), so throughput is each target's capacity and latency includes its queueing.
-        "random": serving.random_ids("random", n, rate=None, concurrency=CONCURRENCY,
+        # (~5-6 requests/s here), so throughput is each target's capacity and latency includes its queueing.
+        "random": serving.random_ids("random", random_n, rate=None, concurrency=CONCURRENCY,
                                      notes=f"random ids, 256 in / 32 out, {CONCURRENCY} in flight"),
         # One request at a time: TTFT is then prefill + KV hand-off + first decode step, with every scheduler idle
         # in between (where sleep-on-idle could delay the hand-off).
-        "serial": serving.random_ids("serial", 6 if quick else 12, rate=None, concurrency=1,
+        "serial": serving.random_ids("serial", serial_n, rate=None, concurrency=1,
                                      notes="one at a time, 256 in / 32 out"),
         # Many prefixes, two requests each: what decides the cached tokens is how often a prefix's second request
-        # finds the first one's prefill. Prefix affinity sends it there; round robin does half the time. (With
-        # few groups of many requests, both miss each prefix about once per prefill and barely differ.)
-        "shared-prefix": serving.shared_prefix("shared-prefix", groups=6 if quick else 20, per_group=2,
-                                               concurrency=CONCURRENCY,
-                                               notes=f"{6 if quick else 20} system prompts of 512 tokens, 2 "
-                                                     f"questions of 64 each, 32 out, {CONCURRENCY} in flight"),
+        # finds the first one's prefill. Prefix affinity sends it there; round robin does half the time, a coin
+        # flip per prefix, so the more prefixes the less a run's ratio depends on luck. (With few groups of many
+        # requests, both miss each prefix about once per prefill and barely differ.)
+        "shared-prefix": serving.shared_prefix("shared-prefix", groups=groups, per_group=2, concurrency=CONCURRENCY,
+                                               notes=f"{groups} system prompts of 512 tokens, 2 questions of 64 "
+                                                     f"each, 32 out, {CONCURRENCY} in flight"),
     }
 
 
@@ -72,15 +76,17 @@ class Session:
 
     def measure(self, workload: serving.Workload, target: str, base_url: str, flush: list[str], repeat: int) -> None:
         targets.flush_caches(flush)
+        probe = idle.probe_ms()
         window = idle.Window(self.pids)
         tag = f"{self.name}-{target}-{workload.name}-{repeat}"
         row = serving.run(workload, base_url, self.out, tag, seed=repeat + 1, slo=SLO_MS)
         cpu = window.cores()
         self.runs.append({"session": self.name, "target": target, "workload": workload.name, "repeat": repeat,
-                          **row, "cores_used_by_others": cpu["others"], "cpu_cores": cpu["per_tree"]})
+                          **row, "cores_used_by_others": cpu["others"], "machine_probe_ms": probe,
+                          "cpu_cores": cpu["per_tree"]})
         self.log(f"{tag}: {row['request_throughput']:.2f} req/s, {row['output_throughput']:.0f} tok/s, TTFT p50 "
                  f"{row['median_ttft_ms']:.0f} ms, TPOT p50 {row['median_tpot_ms']:.1f} ms, errors {row['errors']}, "
-                 f"others {cpu['others']:.2f} cores")
+                 f"others {cpu['others']:.2f} cores, probe {probe:.0f} ms")
 
     def idle(self, seconds: float) -> dict:
         """The cluster as `make up` runs it, idle: only its own router and the workers' launchers probe the workers
@@ -114,7 +120,7 @@ def run_busy_poll(args, load: dict, log_dir: Path, log) -> tuple[list, dict]:
         flush = [w.url for w in targets.workers(cluster, "prefill") + targets.workers(cluster, "decode")]
         session.warm_up("ours", ours.url)
         for repeat in range(args.repeats):
-            for name in ("random", "serial"):
+            for name in BUSY_POLL_LOADS:
                 session.measure(load[name], "ours", ours.url, flush, repeat)
     finally:
         for proc in started:
@@ -199,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     load = loads(args.quick)
     runs, idle_cpu = [], {}
     if not args.no_busy_poll:
-        busy_runs, idle_cpu["sleep_on_idle_off"] = run_busy_poll(args, load, log_dir, log)
+        busy_runs, idle_cpu["sleep_on_idle_off"] = run_busy_poll(args, loads(args.quick, busy_poll=True),
+                                                                 log_dir, log)
         runs += busy_runs
     main_runs, idle_cpu["sleep_on_idle_on"], startup = run_main(args, load, log_dir, log)
     runs += main_runs
@@ -208,11 +215,13 @@ def main(argv: list[str] | None = None) -> int:
                      "prefix vs round_robin, sleep-on-idle on vs off",
         "settings": {"quick": args.quick, "repeats": args.repeats, "slo_ms": SLO_MS,
                      "loads": {k: {"argv": w.argv(0), "notes": w.notes} for k, w in load.items()},
+                     "busy_poll_prompts": {k: w.prompts for k, w in loads(args.quick, busy_poll=True).items()
+                                           if k in BUSY_POLL_LOADS},
                      "idle_seconds": args.idle_seconds},
         "machine": machine, "started_utc": began, "wall_seconds": round(time.monotonic() - t0), "startup": startup,
         "idle_cpu_cores": idle_cpu, "runs": runs, "summary": cluster_report.summarize(runs),
     }
-    result["derived"] = cluster_report.derive(result["summary"], idle_cpu)
+    result["derived"] = cluster_report.derive(result["summary"], idle_cpu, runs)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
     cluster_plot.draw(result, Path(f"{out}.png"))

@@ -30,7 +30,8 @@ def draw(result: dict, path: Path) -> None:
     summary = result["summary"]
     rows = [(workload, metric, title) for workload, *metrics in PANELS for metric, title in metrics]
     cols = 4
-    fig, axes = plt.subplots((len(rows) + 1 + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.2 * 4))
+    extra = 3  # idle CPU, paired ratios, machine speed
+    fig, axes = plt.subplots((len(rows) + extra + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.2 * 4))
     axes = axes.flatten()
     for ax, (workload, metric, title) in zip(axes, rows):
         keys = [k for k in summary if k.endswith(f"/{workload}") and metric in summary[k]]
@@ -50,7 +51,9 @@ def draw(result: dict, path: Path) -> None:
     ax.set_xticks(range(len(names)), [n.replace("sleep_on_idle_", "sleep-on-idle ") for n in names], fontsize=8)
     ax.set_title("idle local cluster (1P+1D, router, bootstrap): cores", fontsize=9)
     ax.legend(fontsize=7)
-    for ax in axes[len(rows) + 1:]:
+    _paired(axes[len(rows) + 1], result["derived"]["ratios"])
+    _machine_speed(axes[len(rows) + 2], result["runs"])
+    for ax in axes[len(rows) + extra:]:
         ax.axis("off")
     m = result["machine"]
     fig.suptitle(f"pdcluster cluster benchmark (real SGLang, CPU, tiny-llama) - {m['cpu_count']} CPUs, "
@@ -60,3 +63,28 @@ def draw(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _paired(ax, ratios: dict) -> None:
+    """Each comparison's requests/s ratio within each repeat: what a drift of the machine between repeats hides."""
+    names = [n for n, m in ratios.items() if m.get("request_throughput", {}).get("paired")]
+    for i, name in enumerate(names):
+        cell = ratios[name]["request_throughput"]
+        ax.scatter([i] * len(cell["paired"]), cell["paired"], color="black", s=12, zorder=3)
+        ax.annotate(f"{cell['ratio']:.2f}", (i, max(cell["paired"])), ha="center", va="bottom", fontsize=7)
+    ax.axhline(1.0, color="red", ls="--", lw=1)
+    ax.set_yscale("log")
+    labels = [n.replace(" (random)", "").replace("one at a time", "1 by 1") for n in names]
+    ax.set_xticks(range(len(names)), labels, rotation=25, ha="right", fontsize=6)
+    ax.set_title("requests/s ratio within each repeat", fontsize=9)
+
+
+def _machine_speed(ax, runs: list[dict]) -> None:
+    """The fixed CPU task timed before every run, in run order: the machine's own speed over the benchmark."""
+    for session in dict.fromkeys(r["session"] for r in runs):
+        points = [(i, r.get("machine_probe_ms")) for i, r in enumerate(runs) if r["session"] == session]
+        ax.plot([i for i, _ in points], [p for _, p in points], marker="o", ms=3, label=session)
+    ax.legend(fontsize=7)
+    ax.set_xlabel("run, in order", fontsize=8)
+    ax.set_title("machine: fixed CPU task before each run, ms", fontsize=9)
+    ax.grid(alpha=0.3)

@@ -1,5 +1,9 @@
 """bench.cluster's numbers: medians over repeats with their spread, the ratios the issue asks for, and for each ratio
-whether the repeats' ranges overlap (then the noise is at least as big as the difference)."""
+whether the repeats' ranges overlap (then the noise is at least as big as the difference).
+
+Paired ratios: the two targets of a comparison run next to each other in every repeat, so the ratio within one
+repeat sees through a drift of the machine's speed between repeats, which moves both; if every repeat's ratio
+lies on the same side of 1, the direction of the difference held in every repeat."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import statistics
 
 from bench.serving import METRICS
 
-EXTRA = ("cached_tokens", "cache_hit_rate_pct", "errors", "cores_used_by_others")
+EXTRA = ("cached_tokens", "cache_hit_rate_pct", "errors", "cores_used_by_others", "machine_probe_ms")
 # (name, (session, target, workload) of the numerator, same of the denominator)
 COMPARISONS = (
     ("ours / SGLang router (random)", ("main", "ours", "random"), ("main", "sglang", "random")),
@@ -42,7 +46,16 @@ def summarize(runs: list[dict]) -> dict:
     return summary
 
 
-def derive(summary: dict, idle_cpu: dict) -> dict:
+def paired(runs: list[dict], top: tuple, bottom: tuple, metric: str) -> list[float]:
+    """The ratio top/bottom within each repeat that ran both; top and bottom are (session, target, workload)."""
+    def by_repeat(key: tuple) -> dict[int, float]:
+        return {r["repeat"]: r[metric] for r in runs
+                if (r["session"], r["target"], r["workload"]) == key and r.get(metric) is not None}
+    a, b = by_repeat(top), by_repeat(bottom)
+    return [round(a[k] / b[k], 3) for k in sorted(a) if k in b and b[k]]
+
+
+def derive(summary: dict, idle_cpu: dict, runs: list[dict] = ()) -> dict:
     ratios = {}
     for name, top, bottom in COMPARISONS:
         a, b = summary.get("/".join(top)), summary.get("/".join(bottom))
@@ -55,12 +68,32 @@ def derive(summary: dict, idle_cpu: dict) -> dict:
                 overlap = x["min"] <= y["max"] and y["min"] <= x["max"]
                 ratios[name][metric] = {"ratio": round(x["median"] / y["median"], 3),
                                         "within_noise": overlap}
+                per_repeat = paired(list(runs), top, bottom, metric)
+                if per_repeat:
+                    ratios[name][metric]["paired"] = per_repeat
+                    ratios[name][metric]["paired_spread_pct"] = round(
+                        100 * (max(per_repeat) - min(per_repeat)) / statistics.median(per_repeat), 1)
+                    ratios[name][metric]["same_side_every_repeat"] = (all(r > 1 for r in per_repeat)
+                                                                      or all(r < 1 for r in per_repeat))
     idle = {}
     for variant, cores in idle_cpu.items():
         idle[variant] = {"cores": cores["local_yaml_shape_total"], "target": f"< {IDLE_TARGET_CORES}",
                          "pass": cores["local_yaml_shape_total"] < IDLE_TARGET_CORES,
                          "others_meanwhile": cores["others"]}
-    return {"ratios": ratios, "idle_local_cluster": idle}
+    return {"ratios": ratios, "idle_local_cluster": idle, "machine_speed": machine_speed(list(runs))}
+
+
+def machine_speed(runs: list[dict]) -> dict:
+    """Per session, the spread of the fixed CPU task timed before each run (in the busy-poll session it competes
+    with the busy-polling schedulers, so only the main session's shows the machine alone)."""
+    speed = {}
+    for session in dict.fromkeys(r["session"] for r in runs):
+        probes = [r["machine_probe_ms"] for r in runs if r["session"] == session and r.get("machine_probe_ms")]
+        if probes:
+            median = statistics.median(probes)
+            speed[session] = {"probe_ms_median": round(median, 1), "min": min(probes), "max": max(probes),
+                              "spread_pct": round(100 * (max(probes) - min(probes)) / median, 1)}
+    return speed
 
 
 def lines(derived: dict) -> list[str]:
@@ -70,7 +103,14 @@ def lines(derived: dict) -> list[str]:
                  if m in ("request_throughput", "median_ttft_ms", "median_tpot_ms", "request_goodput",
                           "cached_tokens")]
         out.append(f"{name}: " + ", ".join(parts))
+        if "paired" in metrics.get("request_throughput", {}):
+            paired_runs = metrics["request_throughput"]["paired"]
+            out.append(f"  request_throughput within each repeat: {', '.join(f'{r:.3f}x' for r in paired_runs)} "
+                       f"(spread {metrics['request_throughput']['paired_spread_pct']:.1f}%)")
     for variant, v in derived["idle_local_cluster"].items():
         out.append(f"idle local cluster, {variant}: {v['cores']:.3f} cores ({'PASS' if v['pass'] else 'FAIL'} "
                    f"{v['target']}; others used {v['others_meanwhile']:.2f} cores meanwhile)")
+    for session, m in derived.get("machine_speed", {}).items():
+        out.append(f"machine speed in session {session} (a fixed CPU task before each run): {m['min']:.0f}-"
+                   f"{m['max']:.0f} ms, spread {m['spread_pct']:.0f}%")
     return out

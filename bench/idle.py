@@ -1,8 +1,10 @@
 """CPU of idle processes and of the rest of the machine, from psutil: the idle-cluster measurement of bench.cluster,
-and the "how busy were the others" figure recorded with every benchmark run."""
+and the "how busy were the others" and "how fast was the machine" figures recorded with every benchmark run."""
 
 from __future__ import annotations
 
+import hashlib
+import statistics
 import time
 
 import psutil
@@ -15,6 +17,19 @@ def busy_cpu_seconds() -> float:
     t = psutil.cpu_times()
     idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
     return sum(t) - idle  # guest time is counted in user time already
+
+
+def probe_ms(rounds: int = 3) -> float:
+    """How long a fixed piece of single-threaded work takes now (median of `rounds`, ~0.1 s each): the machine's
+    own speed at that moment. On this VM it varies by up to 2x with the machine idle, which no other process's CPU
+    time shows (the host's contention is not reported as steal), so each run records it beside its result."""
+    times = []
+    for _ in range(rounds):
+        began, digest = time.perf_counter(), b"pdcluster"
+        for _ in range(200_000):
+            digest = hashlib.sha256(digest).digest()
+        times.append(time.perf_counter() - began)
+    return round(1000 * statistics.median(times), 1)
 
 
 def own_cpu_seconds(pids: dict[str, int]) -> float:

@@ -7,9 +7,10 @@ from bench import cluster_report
 from bench.cluster_targets import colocated_command
 
 
-def run(target: str, throughput: float, ttft: float, workload: str = "random", session: str = "main") -> dict:
+def run(target: str, throughput: float, ttft: float, workload: str = "random", session: str = "main",
+        repeat: int = 0, probe: float | None = None) -> dict:
     return {"session": session, "target": target, "workload": workload, "request_throughput": throughput,
-            "median_ttft_ms": ttft, "errors": 0}
+            "median_ttft_ms": ttft, "errors": 0, "repeat": repeat, "machine_probe_ms": probe}
 
 
 def test_ratio_of_medians_and_noise_verdict():
@@ -39,3 +40,29 @@ def test_colocated_server_is_not_disaggregated():
     argv, env = colocated_command(27500, sleep_on_idle=True)
     assert not any(a.startswith("--disaggregation") for a in argv)
     assert "--sleep-on-idle" in argv and env["SGLANG_USE_CPU_ENGINE"] == "1"
+
+
+def test_paired_ratios_see_through_a_drift_that_the_ranges_hide():
+    # The machine slows down between repeats; within each one ours is 10% ahead.
+    speeds = (2.0, 1.0, 3.0)
+    runs = ([run("ours", 1.1 * v, 100, repeat=i) for i, v in enumerate(speeds)]
+            + [run("sglang", v, 100, repeat=i) for i, v in enumerate(speeds)])
+    derived = cluster_report.derive(cluster_report.summarize(runs), {}, runs)
+    throughput = derived["ratios"]["ours / SGLang router (random)"]["request_throughput"]
+    assert throughput["within_noise"] is True
+    assert throughput["paired"] == [1.1, 1.1, 1.1] and throughput["same_side_every_repeat"] is True
+    assert throughput["paired_spread_pct"] == 0.0
+    assert cluster_report.summarize(runs)["main/ours/random"]["request_throughput"]["spread_pct"] == 100.0
+    ttft = derived["ratios"]["ours / SGLang router (random)"]["median_ttft_ms"]
+    assert ttft["paired"] == [1.0, 1.0, 1.0] and ttft["same_side_every_repeat"] is False
+
+
+def test_machine_speed_spread_over_every_run():
+    runs = [run("ours", 1.0, 100, repeat=i, probe=p) for i, p in enumerate((100.0, 150.0, 200.0))]
+    derived = cluster_report.derive(cluster_report.summarize(runs), {}, runs)
+    runs.append(run("ours", 1.0, 100, session="busy-poll", probe=900.0))  # competing with busy-polling schedulers
+    derived = cluster_report.derive(cluster_report.summarize(runs), {}, runs)
+    assert derived["machine_speed"]["main"] == {"probe_ms_median": 150.0, "min": 100.0, "max": 200.0,
+                                                "spread_pct": 66.7}
+    assert derived["machine_speed"]["busy-poll"]["probe_ms_median"] == 900.0
+    assert any("spread 67%" in line for line in cluster_report.lines(derived))
