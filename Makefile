@@ -48,7 +48,7 @@ up:
 bench:
 	$(PY) -m bench.router
 
-# Real clusters on the CPU demo model under sglang.bench_serving (~17 min): our router vs SGLang's, PD vs colocated,
+# Real clusters on the CPU demo model under sglang.bench_serving (~16 min): our router vs SGLang's, PD vs colocated,
 # prefix vs round robin, sleep-on-idle on vs off, idle CPU: bench/results/cluster.json and .png. Holds the shared
 # cluster lock so that no other real cluster runs meanwhile (QUICK=1: an ~8 min check of the harness).
 bench-cluster:
