@@ -2,6 +2,7 @@
 SGLang's own benchmark (sglang.bench_serving), in alternating order with repeats:
 
   ours        PD (1 prefill + 1 decode) through our router;
+  ours-twin   the same again, a second identical router process: the A/A control that measures the noise;
   sglang      the same two workers through SGLang's Rust router in PD mode (sglang-router);
   colocated   one plain SGLang server (no PD) on the same machine, same CPU profile and KV pool size;
   prefix / round_robin   our router over 2 prefills + the decode with each prefill policy, on shared-prefix data;
@@ -144,6 +145,9 @@ def run_main(args, load: dict, log_dir: Path, log) -> tuple[list, dict, dict]:
         idle_cpu = session.idle(args.idle_seconds)
         prefills, decodes = targets.workers(cluster, "prefill"), targets.workers(cluster, "decode")
         routers = {"ours": targets.start_ours("router-ours", log_dir, prefills[:1], decodes, "round_robin"),
+                   # A second, identical copy of ours (an A/A control): how far two equal routers on the same
+                   # workers drift apart is the noise any router difference must exceed.
+                   "ours-twin": targets.start_ours("router-ours-twin", log_dir, prefills[:1], decodes, "round_robin"),
                    "sglang": targets.start_sglang_router(log_dir, prefills[0], decodes[0]),
                    "prefix": targets.start_ours("router-prefix", log_dir, prefills, decodes, "prefix"),
                    "round_robin": targets.start_ours("router-round-robin", log_dir, prefills, decodes, "round_robin")}
@@ -158,8 +162,8 @@ def run_main(args, load: dict, log_dir: Path, log) -> tuple[list, dict, dict]:
         pd_workers = [prefills[0].url, decodes[0].url]
         all_workers = [w.url for w in prefills + decodes]
         for repeat in range(args.repeats):
-            turn = repeat % 3  # each target goes first, second and third in turn
-            for target in (["ours", "sglang", "colocated"] * 2)[turn:turn + 3]:
+            turn = repeat % 4  # each target takes a different place in turn
+            for target in (["ours", "sglang", "ours-twin", "colocated"] * 2)[turn:turn + 4]:
                 session.measure(load["random"], target, urls[target],
                                 [colocated.url] if target == "colocated" else pd_workers, repeat)
             for target in (["ours", "colocated"] if repeat % 2 == 0 else ["colocated", "ours"]):

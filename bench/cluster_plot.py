@@ -17,7 +17,7 @@ PANELS = (
     ("shared-prefix", ("median_ttft_ms", "TTFT p50 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
      ("cached_tokens", "cached prompt tokens"), ("request_throughput", "requests/s")),
 )
-COLORS = {"ours": "#1f77b4", "sglang": "#ff7f0e", "colocated": "#2ca02c", "prefix": "#9467bd",
+COLORS = {"ours": "#1f77b4", "ours-twin": "#aec7e8", "sglang": "#ff7f0e", "colocated": "#2ca02c", "prefix": "#9467bd",
           "round_robin": "#8c564b", "busy-poll ours": "#7f7f7f"}
 
 

@@ -15,6 +15,7 @@ EXTRA = ("cached_tokens", "cache_hit_rate_pct", "errors", "cores_used_by_others"
 # (name, (session, target, workload) of the numerator, same of the denominator)
 COMPARISONS = (
     ("ours / SGLang router (random)", ("main", "ours", "random"), ("main", "sglang", "random")),
+    ("ours / ours twin (random, A/A: the noise)", ("main", "ours", "random"), ("main", "ours-twin", "random")),
     ("PD / colocated (random)", ("main", "ours", "random"), ("main", "colocated", "random")),
     ("PD / colocated (one at a time)", ("main", "ours", "serial"), ("main", "colocated", "serial")),
     ("prefix / round_robin (shared prefix)", ("main", "prefix", "shared-prefix"),

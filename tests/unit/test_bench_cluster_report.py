@@ -66,3 +66,10 @@ def test_machine_speed_spread_over_every_run():
                                                 "spread_pct": 66.7}
     assert derived["machine_speed"]["busy-poll"]["probe_ms_median"] == 900.0
     assert any("spread 67%" in line for line in cluster_report.lines(derived))
+
+
+def test_the_twin_of_our_router_is_the_noise_control():
+    runs = [run("ours", 5.0, 400, repeat=0), run("ours-twin", 4.0, 400, repeat=0), run("sglang", 4.5, 400, repeat=0)]
+    ratios = cluster_report.derive(cluster_report.summarize(runs), {}, runs)["ratios"]
+    assert ratios["ours / ours twin (random, A/A: the noise)"]["request_throughput"]["paired"] == [1.25]
+    assert ratios["ours / SGLang router (random)"]["request_throughput"]["paired"] == [1.111]
