@@ -48,9 +48,10 @@ up:
 bench:
 	$(PY) -m bench.router
 
-# Real clusters on the CPU demo model under sglang.bench_serving (~16 min): our router vs SGLang's, PD vs colocated,
-# prefix vs round robin, sleep-on-idle on vs off, idle CPU: bench/results/cluster.json and .png. Holds the shared
-# cluster lock so that no other real cluster runs meanwhile (QUICK=1: an ~8 min check of the harness).
+# Real clusters on the CPU demo model under sglang.bench_serving (~18 min): our router vs SGLang's (and vs an
+# identical twin of ours: the noise), PD vs colocated, prefix vs round robin, sleep-on-idle on vs off, idle CPU:
+# bench/results/cluster.json and .png. Holds the shared cluster lock so that no other real cluster runs meanwhile
+# (QUICK=1: an ~8 min check of the harness).
 bench-cluster:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster $(if $(QUICK),--quick)
 
