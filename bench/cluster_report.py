@@ -42,9 +42,15 @@ def summarize(runs: list[dict]) -> dict:
                 median = statistics.median(values)
                 cell[metric] = {"median": round(median, 3), "min": round(min(values), 3),
                                 "max": round(max(values), 3), "runs": [round(v, 3) for v in values],
-                                "spread_pct": round(100 * (max(values) - min(values)) / median, 1) if median else None}
+                                "spread_pct": spread_pct(values)}
         summary[key] = cell
     return summary
+
+
+def spread_pct(values: list[float]) -> float | None:
+    """(max - min) / median, in percent: how far apart the repeats (or the per-repeat ratios) lie."""
+    median = statistics.median(values)
+    return round(100 * (max(values) - min(values)) / median, 1) if median else None
 
 
 def paired(runs: list[dict], top: tuple, bottom: tuple, metric: str) -> list[float]:
@@ -57,7 +63,7 @@ def paired(runs: list[dict], top: tuple, bottom: tuple, metric: str) -> list[flo
 
 
 def derive(summary: dict, idle_cpu: dict, runs: list[dict] = ()) -> dict:
-    ratios = {}
+    runs, ratios = list(runs), {}
     for name, top, bottom in COMPARISONS:
         a, b = summary.get("/".join(top)), summary.get("/".join(bottom))
         if not a or not b:
@@ -69,11 +75,10 @@ def derive(summary: dict, idle_cpu: dict, runs: list[dict] = ()) -> dict:
                 overlap = x["min"] <= y["max"] and y["min"] <= x["max"]
                 ratios[name][metric] = {"ratio": round(x["median"] / y["median"], 3),
                                         "within_noise": overlap}
-                per_repeat = paired(list(runs), top, bottom, metric)
+                per_repeat = paired(runs, top, bottom, metric)
                 if per_repeat:
                     ratios[name][metric]["paired"] = per_repeat
-                    ratios[name][metric]["paired_spread_pct"] = round(
-                        100 * (max(per_repeat) - min(per_repeat)) / statistics.median(per_repeat), 1)
+                    ratios[name][metric]["paired_spread_pct"] = spread_pct(per_repeat)
                     ratios[name][metric]["same_side_every_repeat"] = (all(r > 1 for r in per_repeat)
                                                                       or all(r < 1 for r in per_repeat))
     idle = {}
@@ -81,7 +86,7 @@ def derive(summary: dict, idle_cpu: dict, runs: list[dict] = ()) -> dict:
         idle[variant] = {"cores": cores["local_yaml_shape_total"], "target": f"< {IDLE_TARGET_CORES}",
                          "pass": cores["local_yaml_shape_total"] < IDLE_TARGET_CORES,
                          "others_meanwhile": cores["others"]}
-    return {"ratios": ratios, "idle_local_cluster": idle, "machine_speed": machine_speed(list(runs))}
+    return {"ratios": ratios, "idle_local_cluster": idle, "machine_speed": machine_speed(runs)}
 
 
 def machine_speed(runs: list[dict]) -> dict:
@@ -91,9 +96,8 @@ def machine_speed(runs: list[dict]) -> dict:
     for session in dict.fromkeys(r["session"] for r in runs):
         probes = [r["machine_probe_ms"] for r in runs if r["session"] == session and r.get("machine_probe_ms")]
         if probes:
-            median = statistics.median(probes)
-            speed[session] = {"probe_ms_median": round(median, 1), "min": min(probes), "max": max(probes),
-                              "spread_pct": round(100 * (max(probes) - min(probes)) / median, 1)}
+            speed[session] = {"probe_ms_median": round(statistics.median(probes), 1), "min": min(probes),
+                              "max": max(probes), "spread_pct": spread_pct(probes)}
     return speed
 
 

@@ -59,7 +59,6 @@ def test_paired_ratios_see_through_a_drift_that_the_ranges_hide():
 
 def test_machine_speed_spread_over_every_run():
     runs = [run("ours", 1.0, 100, repeat=i, probe=p) for i, p in enumerate((100.0, 150.0, 200.0))]
-    derived = cluster_report.derive(cluster_report.summarize(runs), {}, runs)
     runs.append(run("ours", 1.0, 100, session="busy-poll", probe=900.0))  # competing with busy-polling schedulers
     derived = cluster_report.derive(cluster_report.summarize(runs), {}, runs)
     assert derived["machine_speed"]["main"] == {"probe_ms_median": 150.0, "min": 100.0, "max": 200.0,
