@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 from collections.abc import Callable
@@ -69,20 +71,43 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, str(exc.detail))
 
 
+# A refused body is still read, and thrown away, up to this many times the limit or this long: a client that sends a
+# whole body before it reads the answer (urllib, `Connection: close`) would otherwise find its connection reset by
+# our close while it still sends, and never read the 413 (nginx's lingering close does the same).
+LINGER_FACTOR = 8
+LINGER_SECONDS = 10.0
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refusing (413) anything over `limit` bytes without buffering more than that.
 
     `request`: Starlette's, or anything with `headers` and an async `stream()` of body chunks (router/edge.py)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
+        await _linger(request, request.stream(), limit)
         raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream()
+    async for chunk in stream:
         size += len(chunk)
         if size > limit:
+            await _linger(request, stream, limit)
             raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _linger(request: Request, stream: Any, limit: int) -> None:
+    """Read and discard the rest of a refused body, within LINGER_FACTOR x `limit` bytes and LINGER_SECONDS."""
+    if request.headers.get("expect", "").lower() == "100-continue":
+        return  # the client sends nothing before our answer: reading would ask it to (100 Continue)
+    budget = LINGER_FACTOR * limit
+    with contextlib.suppress(Exception):  # the client left, or took too long: we answer (or close) anyway
+        async with asyncio.timeout(LINGER_SECONDS):
+            async for chunk in stream:
+                budget -= len(chunk)
+                if budget <= 0:
+                    return
 
 
 async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
