@@ -16,7 +16,7 @@ Model = TypeVar("Model", bound=BaseModel)
 
 # Parts of an error location that name what pydantic tried, not a field: a union member ("SamplingParams",
 # "list[str]", "int"), or FastAPI's "body" in front of a request's fields. Users know only field names.
-_NOT_A_FIELD = re.compile(r"^[A-Z]|\[|^(str|int|float|bool|body)$")
+_NOT_A_FIELD = re.compile(r"^[A-Z]|\[|^[a-z]+-[a-z-]+$|^(str|int|float|bool|body|nullable)$")
 
 
 class ConfigError(Exception):
@@ -45,8 +45,18 @@ def first_problem(exc: ValidationError) -> tuple[str, str]:
     """(dotted field path, message) of the first problem pydantic found; the path is empty for the model as a whole.
     `exc`: pydantic's ValidationError, or FastAPI's RequestValidationError for a request body (pdcluster/http.py)."""
     problem = exc.errors()[0]
-    loc = [str(part) for part in problem.get("loc", ()) if not _NOT_A_FIELD.search(str(part))]
-    return ".".join(loc), problem.get("msg", "invalid value")
+    return field_path(problem.get("loc", ())), problem.get("msg", "invalid value")
+
+
+def field_path(loc: tuple) -> str:
+    """`a.b[2].c` from a pydantic error location, without the parts that name what pydantic tried."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not _NOT_A_FIELD.search(str(part)):
+            path += f".{part}" if path else str(part)
+    return path
 
 
 def validation_message(exc: ValidationError, where: str = "", section: str = "") -> str:

@@ -38,8 +38,9 @@ class HalfFailed(Exception):
         return worker_fault(self.status)
 
     def answer(self) -> Answer:
-        if self.body is not None and 400 <= self.status < 500:
+        if self.body and 400 <= self.status < 500:
             # A worker's own 4xx (e.g. prompt longer than the context) is the client's problem: pass it on as is.
+            # (Its body can be lost: the other half's failure may interrupt its reading. Then ours says the status.)
             return Answer(self.status, self.body)
         return error_answer(self.status, self.message)
 

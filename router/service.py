@@ -22,7 +22,7 @@ from router.metrics import RouterMetrics
 from router.pd_fields import new_rid
 from router.policies.pairing import Pairing, pair_limits
 from router.request import PdRequest
-from router.validation import CLIENT_ID, Checked, check_token_ids, client_request_id
+from router.validation import CLIENT_ID, Checked, check_for_pair, client_request_id
 
 log = logging.getLogger("pdcluster.router")
 
@@ -72,7 +72,7 @@ class PdService:
             log.info("client id", extra={"request_id": request_id, "client_rid": request.checked.client_rid})
         while True:
             prefill, decode = self.pairing.choose(request)
-            check_token_ids(request.checked, pair_limits(prefill, decode))
+            check_for_pair(request.checked, pair_limits(prefill, decode))
             request.start_attempt(prefill)
             if log.isEnabledFor(logging.INFO):
                 log.info("dispatch", extra={"request_id": request_id, "route": route, "attempt": request.attempt,

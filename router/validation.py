@@ -1,28 +1,36 @@
-"""Request checks the router makes before any worker sees a request.
+"""Request checks the router makes before any worker sees a request: the inventory (router/inventory/) applied.
 
-Only what would otherwise make a worker fail late, hang, crash, or answer a 500 is checked here; everything else
-passes through untouched (extra fields are allowed), so every option SGLang supports keeps working.
+Every field of a body must be in its route's table; a refused or unknown field is a 400 that names it and says why.
+Then each value is checked against its type and static limits (pydantic, strict), and what depends on the serving
+pair is collected for `check_for_pair`: token ids (prompts, stop ids, logit bias, logprob ids) against the pair's
+vocabulary, token counts and positions against its context length. SGLang 0.5.23 crashes its scheduler on many
+values it does not check (an id out of the vocabulary, a huge top_k, a negative logprob position...), and a crashed
+scheduler fails every request on that worker.
 
-Two stages, because what is valid depends on the model: `check_*` reads the body's shape (cheap: no per-token work,
-so a 30 MiB body costs its JSON parse and little more), and `check_token_ids` compares the prompt's token ids with
-the vocabulary and context length of the pair chosen to serve it. SGLang 0.5.23 indexes its embedding with a
-client's ids without a bounds check: one id out of range crashes the scheduler and takes the worker down.
+Prompts given as token ids are only shaped here (no per-token work, so a 30 MiB body costs its JSON parse and little
+more); their ids are checked per pair, length first.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from pdcluster.http import ApiError, first_validation_problem
+from pdcluster.config_file import field_path
+from pdcluster.http import ApiError
+from router.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision, PairLimit, Rule
+from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES
 
 # A client's request id is echoed back and logged, never sent to SGLang (which aborts by rid prefix).
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 HINT_CHARS = 2048  # how much of a prompt the prefix policy keys on
+LIMITS_DOC = "docs/limits.md"
+_REQUIRED = frozenset({"messages", "prompt", "role", "content"})
 
 
 def client_request_id(value: str) -> str:
@@ -31,74 +39,9 @@ def client_request_id(value: str) -> str:
     return value
 
 
-class _Passthrough(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-ClientRid = Field(default=None, description="the client's own id: logged, never sent to SGLang")
-
-
-class SamplingParams(_Passthrough):
-    max_new_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = None
-    n: int | None = Field(default=None, ge=1)
-
-
-class GenerateRequest(_Passthrough):
-    text: StrictStr | list[StrictStr] | None = None
-    # Shape only (a list, or a list of lists): the ids themselves are checked per pair, see check_token_ids.
-    input_ids: list[Any] | None = None
-    sampling_params: SamplingParams | list[SamplingParams] | None = None
-    stream: StrictBool = False
-    rid: StrictStr | list[StrictStr] | None = ClientRid
-
-    @model_validator(mode="after")
-    def _one_input(self) -> GenerateRequest:
-        # input_embeds is an extra field; model_extra, not getattr (a missing extra raises inside pydantic, slowly)
-        inputs_given = (self.text, self.input_ids, (self.model_extra or {}).get("input_embeds"))
-        given = [name for name, value in zip(("text", "input_ids", "input_embeds"), inputs_given) if value is not None]
-        if not given:
-            raise ValueError("one of text or input_ids is required")
-        if len(given) > 1:
-            raise ValueError(f"give only one of {' and '.join(given)}")
-        inputs = self.text if self.text is not None else self.input_ids
-        if isinstance(inputs, list) and len(inputs) == 0:
-            raise ValueError(f"{given[0]} is empty")
-        return self
-
-
-class CompletionRequest(_Passthrough):
-    model: StrictStr | None = None
-    prompt: StrictStr | list[Any]
-    max_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int | None = Field(default=None, ge=1)
-    stream: StrictBool = False
-    rid: StrictStr | list[StrictStr] | None = ClientRid
-
-
-class ChatMessage(_Passthrough):
-    role: StrictStr
-
-
-class ChatCompletionRequest(_Passthrough):
-    model: StrictStr | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int | None = Field(default=None, ge=1)
-    stream: StrictBool = False
-    rid: StrictStr | None = ClientRid
-
-
 @dataclass(frozen=True)
 class Checked:
-    """What the router needs to know about a request whose shape is valid."""
+    """What the router needs to know about a request whose fields are all accepted."""
 
     batch_size: int | None  # None: a single request; N: a batch of N items (SGLang wants lists of rooms)
     stream: bool
@@ -106,6 +49,9 @@ class Checked:
     token_ids: str | None = None  # the field holding prompts given as token ids, if any
     prompts: tuple[list, ...] = ()  # those prompts, one list of ids each
     client_rid: str | None = None  # for the logs
+    # Checked against the pair: (field, ids) of other token-id fields, (field, value, limit) of counts and positions.
+    id_fields: tuple[tuple[str, list[int]], ...] = ()
+    counts: tuple[tuple[str, int, PairLimit], ...] = ()
 
     @property
     def hint(self) -> str:
@@ -127,14 +73,38 @@ class ModelLimits:
     context_length: int | None
 
 
-def check_token_ids(checked: Checked, limits: ModelLimits) -> None:
-    """400 naming the field, the bad id and its position; 503 when the pair's vocabulary is unknown."""
+# --- the pair's limits ---------------------------------------------------------------------------------------------
+
+def check_for_pair(checked: Checked, limits: ModelLimits) -> None:
+    """400 naming the field (and the bad id and its position); 503 when token ids cannot be checked."""
+    _check_prompts(checked, limits)
+    vocab = limits.vocab_size
+    for field, ids in checked.id_fields:
+        if vocab is None:
+            raise _unknown_vocabulary(field)
+        for position, token in enumerate(ids):
+            if token >= vocab:
+                raise ApiError(400, f"{field}[{position}] is {token}: token ids must be in [0, {vocab}) for this "
+                                    f"model", field)
+    context = limits.context_length
+    if context is None:
+        return
+    for field, value, limit in checked.counts:
+        if value > context or (limit is PairLimit.POSITION and value >= context):
+            raise ApiError(400, f"{field} is {value}; the model's context length is {context}", field)
+
+
+def _unknown_vocabulary(field: str) -> ApiError:
+    return ApiError(503, f"{field}: the serving workers' vocabulary size is unknown, so token ids cannot be checked "
+                         f"(static workers need vocab_size in the router config)", field)
+
+
+def _check_prompts(checked: Checked, limits: ModelLimits) -> None:
     if not checked.prompts:
         return
     field = checked.token_ids
     if limits.vocab_size is None:
-        raise ApiError(503, f"{field}: the serving workers' vocabulary size is unknown, so token ids cannot be "
-                            f"checked (static workers need vocab_size in the router config)", field)
+        raise _unknown_vocabulary(field)
     for item, ids in enumerate(checked.prompts):
         where = f"{field}[{item}]" if checked.batch_size is not None else field
         # Length first: it costs nothing, and bounds the per-id work below by the context length.
@@ -151,27 +121,84 @@ def check_token_ids(checked: Checked, limits: ModelLimits) -> None:
                                 f"[0, {limits.vocab_size}) for this model", field)
 
 
-def _parse(model: type[BaseModel], body: dict[str, Any]) -> BaseModel:
+# --- one table applied to one object -------------------------------------------------------------------------------
+
+@cache
+def _model(name: str) -> type[BaseModel]:
+    table = _TABLES[name]
+    fields = {key: (rule.type, ... if key in _REQUIRED else None)
+              for key, rule in table.items() if rule.decision is not Decision.REFUSED}
+    return create_model(name, __config__=ConfigDict(extra="forbid", strict=True), **fields)
+
+
+_TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION}
+
+
+def _apply(name: str, body: Any, where: str = "") -> BaseModel:
+    """Refused and unknown fields first (each with its reason), then every value's type and static limits."""
+    table = _TABLES[name]
+    if not isinstance(body, dict):
+        raise ApiError(400, f"{where.rstrip('.') or 'body'} must be a JSON object", where.rstrip(".") or None)
+    for key in body:
+        rule = table.get(key)
+        if rule is None:
+            raise ApiError(400, f"{where}{key}: unknown field (the fields this router accepts: {LIMITS_DOC})",
+                           f"{where}{key}")
+        if rule.decision is Decision.REFUSED:
+            raise ApiError(400, f"{where}{key} is not accepted: {rule.reason}", f"{where}{key}")
+    for key in [key for key, value in body.items() if value is None]:
+        del body[key]  # null is "not given": SGLang's own default (some of its code reads a null as a value: 500s)
     try:
-        return model.model_validate(body)
+        return _model(name).model_validate(body)
     except ValidationError as exc:
-        field, message = first_validation_problem(exc)
-        message = message.removeprefix("Value error, ")
-        raise ApiError(400, message if field == "body" else f"{field}: {message}", field) from None
+        field, message = _deepest_problem(exc)
+        rule = table.get(field.split(".")[0])
+        reason = f" ({rule.reason})" if rule is not None and rule.reason else ""
+        if field == "body":
+            raise ApiError(400, message if not where else f"{where.rstrip('.')}: {message}", where or None) from None
+        raise ApiError(400, f"{where}{field}: {message}{reason}", f"{where}{field}") from None
 
 
-def _refuse_parallel_samples(n: int | None, field: str) -> None:
-    if n is not None and n > 1:
-        raise ApiError(400, f"{field}: n > 1 is not supported through the PD router; send n separate requests",
-                       field)
+def _deepest_problem(exc: ValidationError) -> tuple[str, str]:
+    """(field path, message) of the problem deepest in the value, for a union the member that got furthest: for a
+    list of text parts with an image part in it, that part's type, not "should be a string"; for [], "should have
+    at least 1 item" (a limit) before "should be a string" (another member's type)."""
+    problems = [(field_path(problem.get("loc", ())), problem) for problem in exc.errors()]
+    path, problem = max(problems, key=lambda p: (p[0].count(".") + p[0].count("["),
+                                                 not str(p[1].get("type", "")).endswith("_type")))
+    return path or "body", problem.get("msg", "invalid value").removeprefix("Value error, ")
+
+
+class _PairChecks:
+    """What `check_for_pair` will check, gathered from the accepted values of one request."""
+
+    def __init__(self) -> None:
+        self.id_fields: list[tuple[str, list[int]]] = []
+        self.counts: list[tuple[str, int, PairLimit]] = []
+
+    def gather(self, table: dict[str, Rule], values: dict[str, Any], where: str = "",
+               skip: frozenset[str] = frozenset()) -> None:
+        for key, value in values.items():
+            rule = table[key]
+            if rule.pair is None or value is None or key in skip:
+                continue
+            if rule.pair is PairLimit.TOKEN_IDS:
+                ids = [int(k) for k in value] if isinstance(value, dict) else value
+                self.id_fields.append((f"{where}{key}", ids))
+            else:
+                self.counts.append((f"{where}{key}", value, rule.pair))
+
+
+def _batch_of(values: list, field: str, batch_size: int | None) -> None:
+    if len(values) != (batch_size or 1):
+        raise ApiError(400, f"{field} has {len(values)} items for {batch_size or 1} inputs", field)
 
 
 def _client_rid(rid: str | list[str] | None, batch_size: int | None) -> str | None:
     if rid is None:
         return None
     if isinstance(rid, list):
-        if len(rid) != (batch_size or 1):
-            raise ApiError(400, f"rid has {len(rid)} items for {batch_size or 1} inputs", "rid")
+        _batch_of(rid, "rid", batch_size)
         rid = ",".join(rid)
     return rid[:256]
 
@@ -179,6 +206,8 @@ def _client_rid(rid: str | list[str] | None, batch_size: int | None) -> str | No
 def _id_prompts(value: list, field: str) -> tuple[int | None, tuple[list, ...]]:
     """(batch size, prompts) of a list of ids or a list of lists of ids; shape errors are 400s."""
     if isinstance(value[0], list):
+        if len(value) > MAX_BATCH:
+            raise ApiError(400, f"{field} has {len(value)} items; a batch is at most {MAX_BATCH}", field)
         for i, ids in enumerate(value):
             if not isinstance(ids, list) or not ids:
                 raise ApiError(400, f"{field}[{i}] must be a non-empty list of token ids", field)
@@ -186,41 +215,67 @@ def _id_prompts(value: list, field: str) -> tuple[int | None, tuple[list, ...]]:
     return None, (value,)
 
 
+# --- the three routes ------------------------------------------------------------------------------------------------
+
 def check_generate(body: dict[str, Any]) -> Checked:
-    req = _parse(GenerateRequest, body)
-    params = req.sampling_params if isinstance(req.sampling_params, list) else [req.sampling_params]
-    for p in params:
-        _refuse_parallel_samples(p.n if p else None, "sampling_params.n")
-    batch_size, prompts, first = None, (), ""
-    if isinstance(req.text, list):
-        batch_size, first = len(req.text), req.text[0]
-    elif req.text is not None:
-        first = req.text
-    elif req.input_ids is not None:
-        batch_size, prompts = _id_prompts(req.input_ids, "input_ids")
+    _apply("generate", body)
+    given = [name for name in ("text", "input_ids") if body.get(name) is not None]
+    if len(given) != 1:
+        raise ApiError(400, "one of text or input_ids is required" if not given else "give only one of text and "
+                            "input_ids", "body")
+    checks = _PairChecks()
+    checks.gather(GENERATE, body, skip=frozenset({"input_ids"}))
+    batch_size, prompts, first = None, (), body.get("text")
+    if isinstance(first, list):
+        batch_size, first = len(first), first[0]
+    elif first is None:
+        batch_size, prompts = _id_prompts(body["input_ids"], "input_ids")
         first = prompts[0]
-    if isinstance(req.sampling_params, list) and len(req.sampling_params) != (batch_size or 1):
-        raise ApiError(400, f"sampling_params has {len(req.sampling_params)} items for {batch_size or 1} inputs",
-                       "sampling_params")
-    return Checked(batch_size, req.stream, first, "input_ids" if prompts else None, prompts,
-                   _client_rid(req.rid, batch_size))
+    params = body.get("sampling_params")
+    if isinstance(params, list):
+        if batch_size is None:  # SGLang's HTTP server answers 500 to it
+            raise ApiError(400, "sampling_params: a single prompt takes one object (a list is one per batch item)",
+                           "sampling_params")
+        _batch_of(params, "sampling_params", batch_size)
+    for i, p in enumerate(params if isinstance(params, list) else [params] if params is not None else []):
+        where = f"sampling_params[{i}]." if isinstance(params, list) else "sampling_params."
+        _apply("sampling", p, where)
+        checks.gather(SAMPLING, p, where)
+    return Checked(batch_size, body.get("stream") is True, first, "input_ids" if prompts else None, prompts,
+                   _client_rid(body.get("rid"), batch_size), tuple(checks.id_fields), tuple(checks.counts))
 
 
 def check_completion(body: dict[str, Any]) -> Checked:
-    req = _parse(CompletionRequest, body)
-    _refuse_parallel_samples(req.n, "n")
-    prompt = req.prompt
+    _apply("completion", body)
+    checks = _PairChecks()
+    checks.gather(COMPLETION, body, skip=frozenset({"prompt"}))
+    _grammar_size(body.get("response_format"))
+    prompt, stream, extra = body["prompt"], body.get("stream") is True, (tuple(checks.id_fields), tuple(checks.counts))
     if isinstance(prompt, str):
-        return Checked(None, req.stream, prompt, client_rid=_client_rid(req.rid, None))
-    if not prompt:
-        raise ApiError(400, "prompt is empty", "prompt")
-    if all(isinstance(p, str) for p in prompt):  # a batch of texts
-        return Checked(len(prompt), req.stream, prompt[0], client_rid=_client_rid(req.rid, len(prompt)))
+        return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra)
+    if all(isinstance(p, str) for p in prompt):  # a batch of texts (checked by the table's type)
+        return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra)
     batch_size, prompts = _id_prompts(prompt, "prompt")
-    return Checked(batch_size, req.stream, prompts[0], "prompt", prompts, _client_rid(req.rid, batch_size))
+    return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra)
 
 
 def check_chat(body: dict[str, Any]) -> Checked:
-    req = _parse(ChatCompletionRequest, body)
-    _refuse_parallel_samples(req.n, "n")
-    return Checked(None, req.stream, body["messages"][0].get("content"), client_rid=req.rid)
+    _apply("chat", body)
+    for i, message in enumerate(body["messages"]):
+        _apply("message", message, f"messages[{i}].")
+    _grammar_size(body.get("response_format"))
+    checks = _PairChecks()
+    checks.gather(CHAT, body)
+    rid = body.get("rid")
+    if isinstance(rid, list):
+        raise ApiError(400, "rid: a chat request takes one id", "rid")
+    return Checked(None, body.get("stream") is True, body["messages"][0].get("content"), client_rid=_client_rid(
+        rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts))
+
+
+def _grammar_size(response_format: dict | None) -> None:
+    """A JSON schema in response_format is a grammar too (compiled on both workers): the same size limit."""
+    schema = ((response_format or {}).get("json_schema") or {}).get("schema")
+    if schema is not None and len(orjson.dumps(schema)) > MAX_GRAMMAR_BYTES:
+        raise ApiError(400, f"response_format.json_schema.schema is over {MAX_GRAMMAR_BYTES} bytes",
+                       "response_format.json_schema.schema")

@@ -5,12 +5,14 @@ these checks, one out-of-vocabulary id crashed SGLang's scheduler and the router
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import httpx
 import pytest
 
+from tests.e2e.conftest import listing
 from tests.e2e.prompts import prompt_of_about
 
 VOCAB = 1000  # scripts/build_demo_model.py
@@ -33,13 +35,30 @@ HOSTILE = [
                  id="completion-token-prompt"),
     pytest.param("/v1/completions", {"model": "tiny-llama", "prompt": [[5], [-2]]}, 400, "prompt[1][0]",
                  id="completion-token-batch"),
-    # SGLang checks these itself (400 from the workers, passed through): the point is that the cluster survives.
     pytest.param("/generate", {"text": "a", "sampling_params": {"logit_bias": {str(VOCAB + 7): 1.0}}}, 400,
                  "logit_bias", id="logit-bias"),
     pytest.param("/generate", {"text": "a", "return_logprob": True, "token_ids_logprob": [VOCAB * 9]}, 400,
                  "token_ids_logprob", id="token-ids-logprob"),
-    pytest.param("/generate", {"text": "a", "sampling_params": {"stop_token_ids": [VOCAB * 9], "max_new_tokens": 2}},
-                 200, "", id="stop-token-ids"),
+    # Each of these took a worker down before the inventory (router/inventory/): found by hand or by the fuzzer.
+    pytest.param("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 8, "min_new_tokens": 4,
+                                                                "stop_token_ids": [5000]}}, 400,
+                 "sampling_params.stop_token_ids[0] is 5000", id="stop-token-ids-with-min-new-tokens"),
+    pytest.param("/generate", {"text": "a", "sampling_params": {"top_k": 2**63 - 1}}, 400, "top_k", id="top-k-2**63"),
+    pytest.param("/generate", {"text": "a", "return_logprob": True, "logprob_start_len": -5}, 400,
+                 "logprob_start_len", id="negative-logprob-start"),
+    pytest.param("/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": 2000}, 400,
+                 "top_logprobs_num", id="top-logprobs-over-vocab"),
+    pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "logprobs": True,
+                                          "top_logprobs": 10**9}, 400, "top_logprobs", id="chat-top-logprobs"),
+    pytest.param("/v1/completions", {"prompt": "a", "max_tokens": 4, "top_k": 2, "repetition_penalty": 1e-300,
+                                     "stream": True}, 400, "repetition_penalty", id="tiny-repetition-penalty"),
+    pytest.param("/generate", {"input_ids": [5, 6, 7], "sampling_params": [{"max_new_tokens": 4}]}, 400,
+                 "sampling_params", id="list-of-one-sampling-params"),
+    pytest.param("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}],
+                                          "chat_template_kwargs": {"add_generation_prompt": 5}}, 400,
+                 "chat_template_kwargs", id="chat-template-kwargs"),
+    pytest.param("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 2, "n": None}}, 200, "",
+                 id="null-n"),
 ]
 
 
@@ -49,6 +68,21 @@ def test_hostile_input_is_refused_and_the_cluster_goes_on(router, path, body, st
     assert response.status_code == status, response.text
     if status != 200:
         assert fragment in response.json()["error"]["message"]
+    serves_normally(router)
+
+
+def test_the_largest_answer_the_router_accepts_is_served(cluster, router, reference):
+    """The worst accepted count: every token of the context. Streamed, so that no read waits for all of it."""
+    prompt, context = "Still fine?", listing(cluster, "decode")[0]["registration"]["context_length"]
+    room = context - len(reference.tokenizer(prompt)["input_ids"])
+    with router.stream("POST", "/generate", json={"text": prompt, "stream": True, "sampling_params": {
+            "max_new_tokens": room, "ignore_eos": True, "temperature": 0}}, timeout=300) as response:
+        events = [line for line in response.iter_lines() if line.startswith("data:")]
+    assert response.status_code == 200 and events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: "))["meta_info"]["completion_tokens"] == room
+    too_many = router.post("/generate", json={"text": prompt, "sampling_params": {
+        "max_new_tokens": context + 1}})
+    assert too_many.status_code == 400 and "context length" in too_many.json()["error"]["message"]
     serves_normally(router)
 
 

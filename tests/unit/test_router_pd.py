@@ -229,11 +229,10 @@ def test_metrics_count_exactly_the_requests_sent():
         assert metric(url, "pdcluster_router_request_duration_seconds_count", route="/generate") == 10
 
 
-def test_openai_fields_pass_through_to_both_halves_untouched():
+def test_accepted_openai_fields_pass_through_to_both_halves_untouched():
     prefill, decode = FakeWorker(), FakeWorker()
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 7, "stop": ["\n"],
-            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-            "response_format": {"type": "json_object"}, "max_tokens": 3}
+            "response_format": {"type": "json_object"}, "max_tokens": 3, "logprobs": True, "top_logprobs": 2}
     with cluster(prefill, decode) as url:
         assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 200
     for received in (prefill.received[0], decode.received[0]):

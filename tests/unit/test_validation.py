@@ -3,7 +3,7 @@
 import pytest
 
 from pdcluster.http import ApiError
-from router.validation import HINT_CHARS, ModelLimits, check_chat, check_completion, check_generate, check_token_ids, client_request_id
+from router.validation import HINT_CHARS, ModelLimits, check_chat, check_completion, check_generate, check_for_pair, client_request_id
 
 
 @pytest.mark.parametrize(
@@ -11,7 +11,7 @@ from router.validation import HINT_CHARS, ModelLimits, check_chat, check_complet
     [
         ({"sampling_params": {"max_new_tokens": 4}}, "body", "one of text or input_ids is required"),
         ({"text": "a", "input_ids": [1, 2]}, "body", "only one of text and input_ids"),
-        ({"text": "a", "input_embeds": [[0.1]]}, "body", "only one of text and input_embeds"),
+        ({"text": "a", "input_embeds": [[0.1]]}, "input_embeds", "input_embeds is not accepted: embeddings bypass"),
         ({"text": 5}, "text", "text"),
         ({"input_ids": "1 2"}, "input_ids", "input_ids"),
         ({"input_ids": [[1], 2]}, "input_ids", "input_ids[1] must be a non-empty list"),
@@ -24,9 +24,9 @@ from router.validation import HINT_CHARS, ModelLimits, check_chat, check_complet
         ({"text": "a", "sampling_params": {"top_p": 0}}, "sampling_params.top_p", "greater than 0"),
         ({"text": "a", "sampling_params": {"top_p": 1.5}}, "sampling_params.top_p", "less than or equal to 1"),
         ({"text": "a", "stream": "yes"}, "stream", "boolean"),
-        ({"text": [], "sampling_params": {}}, "body", "text is empty"),
+        ({"text": [], "sampling_params": {}}, "text", "text: List should have at least 1 item"),
         ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params", "1 items for 2 inputs"),
-        ({"text": "a", "sampling_params": {"n": 2}}, "sampling_params.n", "n > 1"),
+        ({"text": "a", "sampling_params": {"n": 2}}, "sampling_params.n", "1 only: each PD request is one KV transfer"),
     ],
 )
 def test_bad_generate_bodies_get_400_naming_the_field(body, param, fragment):
@@ -54,7 +54,7 @@ def test_valid_generate_bodies_pass_and_report_batches():
         (check_completion, {"model": "m", "prompt": "a", "top_p": 2}, "top_p"),
         (check_completion, {"model": "m", "prompt": "a", "n": 3}, "n"),
         (check_chat, {"model": "m", "messages": []}, "messages"),
-        (check_chat, {"model": "m", "messages": [{"content": "hi"}]}, "messages.0.role"),
+        (check_chat, {"model": "m", "messages": [{"content": "hi"}]}, "messages[0].role"),
         (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
         (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "rid": 7}, "rid"),
         (check_completion, {"model": "m", "prompt": [[1], "a"]}, "prompt"),
@@ -93,19 +93,19 @@ LIMITS = ModelLimits(vocab_size=1000, context_length=64)
 def test_token_ids_are_checked_against_the_pairs_model(check, body, fragment):
     checked = check(body)
     with pytest.raises(ApiError) as caught:
-        check_token_ids(checked, LIMITS)
+        check_for_pair(checked, LIMITS)
     assert caught.value.status == 400 and caught.value.message.startswith(fragment)
 
 
 def test_good_token_ids_pass_and_text_needs_no_limits():
-    check_token_ids(check_generate({"input_ids": [0, 999]}), LIMITS)
-    check_token_ids(check_completion({"prompt": [[0], [999] * 64]}), LIMITS)
-    check_token_ids(check_generate({"text": "x" * 10_000}), ModelLimits(None, None))
+    check_for_pair(check_generate({"input_ids": [0, 999]}), LIMITS)
+    check_for_pair(check_completion({"prompt": [[0], [999] * 64]}), LIMITS)
+    check_for_pair(check_generate({"text": "x" * 10_000}), ModelLimits(None, None))
 
 
 def test_token_ids_with_an_unknown_vocabulary_are_refused_not_forwarded():
     with pytest.raises(ApiError) as caught:
-        check_token_ids(check_generate({"input_ids": [1]}), ModelLimits(None, 64))
+        check_for_pair(check_generate({"input_ids": [1]}), ModelLimits(None, 64))
     assert caught.value.status == 503 and "vocab_size" in caught.value.message
 
 

@@ -1,0 +1,181 @@
+"""The OpenAI API: every field of SGLang's `ChatCompletionRequest` and `CompletionRequest`
+(sglang/srt/entrypoints/openai/protocol.py), and of a chat message, decided. Sampling fields shared with the native
+API take the native rule, so that one value is judged one way on every route."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from router.inventory.native import (
+    CACHE_KEY,
+    DP,
+    MULTIMODAL,
+    REASONING,
+    ROUTER_PD,
+    SAMPLING,
+    Prompts,
+)
+from router.inventory.rules import (
+    MAX_MESSAGES,
+    ClientId,
+    Count,
+    Flag,
+    Name,
+    One,
+    PairLimit,
+    Rule,
+    Seed,
+    Temperature,
+    Text,
+    TopLogprobs,
+    bounded,
+    passed,
+    refused,
+    router,
+)
+
+TOOLS = "tool calling needs a tool-call parser configured on the workers, which this cluster does not set"
+TEMPLATE = "chat-template settings are the operator's: a client's value reached the template engine and failed there"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class JsonSchemaFormat(_Strict):
+    name: Name
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+Content = Text | Annotated[list[TextPart], Field(min_length=1)]
+
+# A chat message. Roles that carry tool calls and non-text parts are refused with the fields that need them.
+MESSAGE: dict[str, Rule] = {
+    "role": bounded("system, user, assistant or developer", Literal["system", "user", "assistant", "developer"]),
+    "content": bounded("text, or a list of text parts", Content),
+    "name": passed("", Name | None),
+    "tool_calls": refused(TOOLS),
+    "tool_call_id": refused(TOOLS),
+    "tools": refused(TOOLS),
+    "reasoning_content": refused(REASONING),
+    "phase": refused(REASONING),
+    "prefix": refused("continues a message the model wrote: use continue_final_message"),
+}
+
+# Fields both OpenAI routes share, with the native rule of the same meaning.
+COMMON: dict[str, Rule] = {
+    "model": passed("the served model's name (SGLang answers for its own model whatever the name)", Name | None),
+    "frequency_penalty": SAMPLING["frequency_penalty"],
+    "presence_penalty": SAMPLING["presence_penalty"],
+    "logit_bias": SAMPLING["logit_bias"],
+    "n": SAMPLING["n"],
+    "stop": SAMPLING["stop"],
+    "stream": passed("", Flag),
+    "stream_options": passed("include_usage, continuous_usage_stats", StreamOptions | None),
+    "temperature": bounded("finite, >= 0", Temperature | None),
+    "top_p": SAMPLING["top_p"],
+    "top_k": SAMPLING["top_k"],
+    "min_p": SAMPLING["min_p"],
+    "min_tokens": bounded("as min_new_tokens", Count | None, PairLimit.TOKENS),
+    "max_tokens": bounded("as max_new_tokens", Count | None, PairLimit.TOKENS),
+    "repetition_penalty": SAMPLING["repetition_penalty"],
+    "stop_token_ids": SAMPLING["stop_token_ids"],
+    "stop_regex": SAMPLING["stop_regex"],
+    "no_stop_trim": SAMPLING["no_stop_trim"],
+    "ignore_eos": SAMPLING["ignore_eos"],
+    "skip_special_tokens": SAMPLING["skip_special_tokens"],
+    "regex": SAMPLING["regex"],
+    "ebnf": SAMPLING["ebnf"],
+    "seed": bounded("as sampling_seed", Seed | None),
+    "user": passed("an end-user id, logged by nobody", Name | None),
+    "response_format": bounded("text, json_object, or json_schema (a grammar)", ResponseFormat | None),
+    "rid": router("the client's id, logged; SGLang gets a fresh id of the router's", ClientId | None),
+    "return_token_ids": passed("", Flag),
+    "return_cached_tokens_details": passed("", Flag),
+    "return_spec_tokens_details": refused("speculative decoding internals"),
+    "return_hidden_states": refused("needs --enable-return-hidden-states on both workers; large answers"),
+    "return_routed_experts": refused("mixture-of-experts internals"),
+    "routed_experts_start_len": refused("mixture-of-experts internals"),
+    "custom_params": SAMPLING["custom_params"],
+    "custom_logit_processor": refused("serialized Python code run on the worker"),
+    "watermark": SAMPLING["watermark"],
+    "lora_path": refused("no LoRA adapters are served, and a path names a file on the worker"),
+    "session_id": refused("sessions keep state on one worker; a PD pair is chosen per request"),
+    "session_params": refused("sessions keep state on one worker; a PD pair is chosen per request"),
+    "images_config": refused(MULTIMODAL),
+    "mm_processor_kwargs": refused(MULTIMODAL),
+    "bootstrap_host": refused(ROUTER_PD),
+    "bootstrap_port": refused(ROUTER_PD),
+    "bootstrap_room": refused(ROUTER_PD),
+    "routed_dp_rank": refused(DP),
+    "data_parallel_rank": refused(DP),
+    "disagg_prefill_dp_rank": refused(DP),
+    "extra_key": refused(CACHE_KEY),
+    "cache_salt": refused(CACHE_KEY),
+    "priority": refused("a client must not choose its own priority (and it needs priority scheduling on)"),
+}
+
+CHAT: dict[str, Rule] = {
+    **COMMON,
+    "messages": bounded("1 to 1024 messages, each as in the message table", Annotated[
+        list[dict[str, Any]], Field(min_length=1, max_length=MAX_MESSAGES)]),
+    "logprobs": passed("", Flag),
+    "top_logprobs": bounded("0 to 20, as OpenAI's", TopLogprobs | None),
+    "max_completion_tokens": bounded("as max_new_tokens", Count | None, PairLimit.TOKENS),
+    "continue_final_message": passed("the answer continues the last (assistant) message", Flag),
+    "return_prompt_token_ids": passed("", Flag),
+    "return_meta_info": passed("", Flag),
+    "return_input_ids_in_sglext": passed("", Flag),
+    "return_output_ids_in_sglext": passed("", Flag),
+    "separate_reasoning": passed("only acts with a reasoning parser on the workers", Flag),
+    "stream_reasoning": passed("only acts with a reasoning parser on the workers", Flag),
+    "tools": refused(TOOLS),
+    "tool_choice": refused(TOOLS),
+    "parallel_tool_calls": refused(TOOLS),
+    "chat_template_kwargs": refused(TEMPLATE),
+    "reasoning_effort": refused(REASONING + "; it reaches the chat template"),
+    "thinking": refused(REASONING + "; it reaches the chat template"),
+    "task": refused("a task tag of one model family's chat template"),
+    "return_sampling_mask": refused("per-token sampling support: large answers the router does not merge"),
+    "sampling_logprobs_mode": refused("per-token sampling support: large answers the router does not merge"),
+    "return_flat_raw_output_top_logprobs": refused("another logprob layout"),
+    "return_flat_raw_top_logprobs_b64": refused("another logprob layout"),
+    "input_ids": refused("a chat is its messages: send token ids to /v1/completions or /generate"),
+    "max_dynamic_patch": refused(MULTIMODAL),
+    "min_dynamic_patch": refused(MULTIMODAL),
+    "use_audio_in_video": refused(MULTIMODAL),
+    "video_config": refused(MULTIMODAL),
+}
+
+COMPLETION: dict[str, Rule] = {
+    **COMMON,
+    # Shape: text, a batch of texts, token ids or a batch of them; ids are checked against the pair.
+    "prompt": bounded("text, texts, or token ids in the vocabulary", Text | Prompts | Annotated[
+        list[Any], Field(min_length=1, max_length=2**24)], PairLimit.TOKEN_IDS),
+    "best_of": bounded("1 only, as n", One | None),
+    "echo": bounded("false only: the prompt's logprobs are the prefill's, which this route does not merge",
+                    Literal[False]),
+    "logprobs": bounded("0 to 20 top logprobs per token", TopLogprobs | None),
+    "suffix": refused("insertion (fill in the middle) is not supported by SGLang"),
+    "json_schema": SAMPLING["json_schema"],
+    "custom_labels": refused("metric labels chosen by clients would grow the workers' metrics without bound"),
+}

@@ -1,0 +1,103 @@
+"""The vocabulary of the inventory: what a decision is, and the value types the bounded and passed fields take.
+
+A `Rule` says what the router does with one field of a request, and why. The types here are pydantic types, strict
+(no "5" for 5, no 1.0 for 1, no [true] for true): every value a worker receives has exactly the type SGLang expects,
+within limits that SGLang 0.5.23 survives. Limits that depend on the pair serving the request (its vocabulary, its
+context length) are named by `pair` and checked once the pair is chosen (router/validation.py, `check_for_pair`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr
+
+
+class Decision(StrEnum):
+    PASSED = "passed"  # sent as given, once its type is checked: the fuzzer shows a worker survives any such value
+    BOUNDED = "bounded"  # sent only within limits: static ones here, the pair's vocabulary or context length
+    ROUTER = "router"  # the router's own value is sent instead of the client's (see each reason)
+    REFUSED = "refused"  # a 400 naming the field and the reason
+
+
+class PairLimit(StrEnum):
+    TOKEN_IDS = "token ids < the pair's vocabulary size"
+    TOKENS = "a token count <= the pair's context length"
+    POSITION = "a prompt position < the pair's context length"
+
+
+@dataclass(frozen=True)
+class Rule:
+    decision: Decision
+    reason: str
+    type: Any = None  # the pydantic type of its value (PASSED, BOUNDED and ROUTER fields a client may send)
+    pair: PairLimit | None = None  # checked against the pair that serves the request
+
+    def __post_init__(self) -> None:
+        if (self.type is None) != (self.decision is Decision.REFUSED):
+            raise ValueError("a refused field has no type, every other field has one")
+
+
+def passed(reason: str, type_: Any) -> Rule:
+    return Rule(Decision.PASSED, reason, type_)
+
+
+def bounded(reason: str, type_: Any, pair: PairLimit | None = None) -> Rule:
+    return Rule(Decision.BOUNDED, reason, type_, pair)
+
+
+def refused(reason: str) -> Rule:
+    return Rule(Decision.REFUSED, reason)
+
+
+def router(reason: str, type_: Any) -> Rule:
+    return Rule(Decision.ROUTER, reason, type_)
+
+
+# Static limits. The pair's own limits (vocabulary, context length) come from its registration.
+MAX_BATCH = 64  # items of one batch request: each is a request of its own on both workers
+MAX_STOP = 32  # stop strings (SGLang's own MAX_STOP_COUNT)
+MAX_STOP_CHARS = 256  # each: SGLang decodes the answer's last tokens this long after every token, for each string
+MAX_IDS_LISTED = 256  # stop_token_ids, token_ids_logprob, logit_bias entries
+MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
+MAX_GRAMMAR_BYTES = 16 * 1024  # regex, EBNF, JSON schema: compiled by the grammar backend on both workers
+MAX_MESSAGES = 1024
+MAX_NAME_CHARS = 256  # model, user, a message's name
+MAX_STREAM_INTERVAL = 1024
+MAX_TEMPERATURE = 100.0  # far above any useful value: sampling is uniform long before
+INT32 = 2**31 - 1
+
+Flag = StrictBool
+Text = Annotated[StrictStr, Field(min_length=1)]  # SGLang makes an empty prompt of "" with a tokenizer without BOS
+Name = Annotated[StrictStr, Field(max_length=MAX_NAME_CHARS)]
+Count = Annotated[StrictInt, Field(ge=0, le=INT32)]  # and <= the pair's context length (PairLimit.TOKENS)
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT32)]  # and < the pair's vocabulary (PairLimit.TOKEN_IDS)
+TokenIds = Annotated[list[TokenId], Field(max_length=MAX_IDS_LISTED)]
+Temperature = Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+MinP = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+
+
+def _not_zero(value: int) -> int:
+    if value == 0:
+        raise ValueError("must be -1 (the whole vocabulary) or at least 1")
+    return value
+
+
+TopK = Annotated[StrictInt, Field(ge=-1, le=2**30), AfterValidator(_not_zero)]  # SGLang's own ceiling is 2**30
+Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
+RepetitionPenalty = Annotated[float, Field(ge=0.01, le=2, allow_inf_nan=False)]
+TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)]
+LogprobStart = Annotated[StrictInt, Field(ge=-1, le=INT32)]  # -1: output tokens only; < the pair's context length
+StopString = Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)]
+Grammar = Annotated[StrictStr, Field(min_length=1, max_length=MAX_GRAMMAR_BYTES)]
+Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
+LogitBias = Annotated[dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,10}$")], Bias],
+                      Field(max_length=MAX_IDS_LISTED)]
+Seed = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
+StreamInterval = Annotated[StrictInt, Field(ge=1, le=MAX_STREAM_INTERVAL)]
+One = Literal[1]  # n, best_of: a PD request is one sample (send n requests)
+ClientId = StrictStr | list[StrictStr]

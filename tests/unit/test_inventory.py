@@ -1,0 +1,50 @@
+"""The inventory names every field of SGLang's request types, and docs/limits.md is what it says.
+
+When SGLang is upgraded and a request type gains or loses a field, these tests fail with the difference: the new
+field is refused by the router (unknown) until someone decides it in router/inventory/."""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from sglang.srt.entrypoints.openai import protocol
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+from router.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision
+from router.inventory.__main__ import render
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def message_fields() -> set[str]:
+    return set(protocol.ChatCompletionMessageGenericParam.model_fields) | set(
+        protocol.ChatCompletionMessageUserParam.model_fields)
+
+
+@pytest.mark.parametrize(("table", "sglang_fields"), [
+    pytest.param(GENERATE, {f.name for f in dataclasses.fields(GenerateReqInput)}, id="GenerateReqInput"),
+    pytest.param(SAMPLING, set(SamplingParams.__struct_fields__), id="SamplingParams"),
+    pytest.param(CHAT, set(protocol.ChatCompletionRequest.model_fields), id="ChatCompletionRequest"),
+    pytest.param(COMPLETION, set(protocol.CompletionRequest.model_fields), id="CompletionRequest"),
+    pytest.param(MESSAGE, message_fields(), id="chat message"),
+])
+def test_every_field_of_sglang_is_decided_and_nothing_else(table, sglang_fields):
+    assert {"undecided (new in SGLang?)": sorted(sglang_fields - set(table)),
+            "decided but gone from SGLang": sorted(set(table) - sglang_fields)} == {
+        "undecided (new in SGLang?)": [], "decided but gone from SGLang": []}
+
+
+def test_every_refusal_says_why():
+    for table in (GENERATE, SAMPLING, CHAT, COMPLETION, MESSAGE):
+        for name, rule in table.items():
+            assert rule.decision is not Decision.REFUSED or len(rule.reason) > 10, name
+
+
+def test_docs_limits_is_generated_from_the_inventory():
+    generated = render(version("sglang"))
+    assert (REPO / "docs" / "limits.md").read_text() == generated, (
+        "docs/limits.md is stale: run `python -m router.inventory > docs/limits.md`")
