@@ -6,6 +6,7 @@ field is refused by the router (unknown) until someone decides it in router/inve
 from __future__ import annotations
 
 import dataclasses
+import re
 from importlib.metadata import version
 from pathlib import Path
 
@@ -48,3 +49,13 @@ def test_docs_limits_is_generated_from_the_inventory():
     generated = render(version("sglang"))
     assert (REPO / "docs" / "limits.md").read_text() == generated, (
         "docs/limits.md is stale: run `python -m router.inventory > docs/limits.md`")
+
+
+def test_the_readme_names_only_fields_the_inventory_decides():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Errors and limits"):readme.index("**Request ids.**")]
+    known = set().union(GENERATE, SAMPLING, CHAT, COMPLETION, MESSAGE)
+    settings = {"max_body_bytes", "vocab_size", "first_token_timeout", "total_timeout", "read_timeout", "null"}
+    named = {word for word in re.findall(r"`([a-z_]+)`", section)} - settings
+    assert named <= known, f"README names fields no table decides: {sorted(named - known)}"
+    assert "docs/limits.md" in section
