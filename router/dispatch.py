@@ -52,7 +52,8 @@ class Dispatcher:
         with Lease(prefill, decode, self.metrics.ejections) as lease:
             raw = orjson.dumps(request.body)
             try:
-                prefill_half = PrefillHalf(self.client, prefill, request.route, raw, request.headers)
+                prefill_half = PrefillHalf(self.client, prefill, request.route, raw, request.headers,
+                                           request.checked.prompt_tokens)
             except TRANSPORT_ERRORS as exc:  # e.g. a worker URL the data plane cannot speak to: nothing was sent
                 raise transport_failure(prefill, exc) from None
             try:

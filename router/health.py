@@ -28,6 +28,10 @@ async def probe(worker: Worker, client: httpx.AsyncClient, config: RouterConfig,
     try:
         response = await client.get(f"{worker.url}/health", timeout=config.health_timeout)
         ok = response.status_code == 200
+    except httpx.TimeoutException:
+        # Its scheduler is busy or stuck: no verdict here. Liveness judges that, with the time the work in flight on
+        # the worker may take (one long prompt can keep SGLang's /health waiting for longer than health_timeout).
+        return
     except httpx.HTTPError:
         ok = False
     if liveness is not None and ok:

@@ -3,10 +3,14 @@
 A cheap probe: GET /v1/loads, which SGLang's HTTP process answers from the load snapshot its scheduler publishes in
 shared memory (no round trip to the scheduler).
 - No answer for `liveness_timeout` seconds: the worker is hung (stopped, swapping, wedged event loop).
-- It answers, but our /health has been waiting for `stall_timeout` seconds and the scheduler's snapshot has not
-  moved meanwhile: its scheduler is stuck. /health returns as soon as the scheduler outputs anything (any request's
-  token, or the probe's own), and a working scheduler publishes a snapshot after every prefill batch and every 15
-  decode steps; a long prefill or a long queue moves one or the other.
+- It answers, but our /health has been waiting and the scheduler's snapshot has not moved for longer than the
+  worker's allowance: its scheduler is stuck. /health returns as soon as the scheduler outputs anything (any
+  request's token, or the probe's own), and a working scheduler publishes a snapshot after every batch it runs (a
+  prefill batch at once, decode steps every 15). What neither can show is one long forward pass: a 3000-token prompt
+  of a real model takes 15 s on a laptop CPU, in silence. So the allowance is `stall_timeout` plus the time the
+  prompts this router has sent the worker and not yet seen answered could take (their estimated tokens, at the
+  worker's own measured prefill cost per token, which SGLang publishes, times SAFETY): an idle worker that stops is
+  judged in `stall_timeout`, one busy with long prompts is given their length.
 A hung worker is ejected at once and every exchange the data plane has open with it is ended (router/upstream
 connections dropped): a request not yet answered is retried on another pair, a started stream ends with an SSE
 error event. It is readmitted as soon as it answers again with a moving snapshot. Thresholds: docs/faults.md.
@@ -32,6 +36,26 @@ LIVENESS_PATH = "/v1/loads"
 LIVENESS_PARAMS = {"include": "core"}
 
 
+# Until a worker has prefilled MIN_RATE_TOKENS tokens, its cost per prompt token is taken to be this (seconds): a
+# real model on a slow CPU (SmolLM2: ~0.005 s a token on 2 cores; larger models more).
+DEFAULT_SECONDS_PER_TOKEN = 0.02
+MIN_RATE_TOKENS = 256
+# Long prompts cost more per token than the average (attention grows with the length), and a busy machine slows
+# every forward pass: the estimate is multiplied by this before a silent worker is judged stuck.
+SAFETY = 3.0
+
+
+def read_prefill_totals(payload: object) -> tuple[float, int] | None:
+    """(microseconds spent prefilling, uncached prompt tokens prefilled), summed over ranks, from /v1/loads; None if
+    the worker does not publish them."""
+    try:
+        loads = payload["loads"]
+        return (float(sum(load["total_prefill_busy_us"] for load in loads)),
+                int(sum(load["total_prefill_uncached_tokens"] for load in loads)))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
 def read_snapshot(payload: object) -> tuple | None:
     """The publish stamps of a /v1/loads answer's snapshots (one per DP rank); None if it is not one (a worker
     without /v1/loads is still judged by whether it answers)."""
@@ -52,11 +76,18 @@ class Liveness:
     waiting_since: float | None = None  # our /health has had no 200 since then (None: its last one was a 200)
     reason: str = ""  # why it is hung, "" while it is live
     task: asyncio.Task | None = None
+    seconds_per_token: float = DEFAULT_SECONDS_PER_TOKEN  # the worker's own prefill cost, once it has enough of it
+    _totals: tuple[float, int] | None = None
 
-    def answered(self, now: float, stamps: tuple | None) -> None:
+    def answered(self, now: float, stamps: tuple | None, totals: tuple[float, int] | None = None) -> None:
         self.last_answer = now
         if stamps is not None and stamps != self.stamps:
             self.stamps, self.last_progress = stamps, now
+        if totals is not None and totals != self._totals:
+            self._totals = totals
+            busy_us, tokens = totals
+            if tokens >= MIN_RATE_TOKENS:
+                self.seconds_per_token = busy_us / 1e6 / tokens
 
     def health_sent(self, now: float) -> None:
         if self.waiting_since is None:
@@ -72,15 +103,22 @@ class Liveness:
         if self.waiting_since is not None:
             self.waiting_since += seconds
 
-    def verdict(self, now: float, config: RouterConfig) -> str:
-        """Why the worker is hung, or "" if it is live."""
+    def allowance(self, config: RouterConfig, pending_tokens: int) -> float:
+        """How long the scheduler may be silent: stall_timeout, plus what the prompts in flight on it may take."""
+        return config.stall_timeout + SAFETY * self.seconds_per_token * max(0, pending_tokens)
+
+    def verdict(self, now: float, config: RouterConfig, pending_tokens: int = 0) -> str:
+        """Why the worker is hung, or "" if it is live. `pending_tokens`: prompt tokens of the worker's prefill
+        halves not yet answered (Worker.pending_prompt_tokens)."""
         silent = now - self.last_answer
         if silent > config.liveness_timeout:
             return f"no answer to liveness probes for {silent:.1f}s"
         if self.waiting_since is not None:
             stalled = now - max(self.waiting_since, self.last_progress)
-            if stalled > config.stall_timeout:
-                return f"scheduler made no progress for {stalled:.1f}s (/health waiting, load snapshot still)"
+            allowed = self.allowance(config, pending_tokens)
+            if stalled > allowed:
+                return (f"scheduler made no progress for {stalled:.1f}s (/health waiting, load snapshot still; "
+                        f"allowed {allowed:.1f}s for ~{pending_tokens} prompt tokens in flight)")
         return ""
 
 
@@ -140,17 +178,18 @@ class LivenessWatch:
                                              timeout=self.config.liveness_timeout)
         except httpx.HTTPError:
             return
-        stamps = None
+        stamps = totals = None
         if response.status_code == 200:
             try:
-                stamps = read_snapshot(response.json())
+                payload = response.json()
             except ValueError:
-                pass
-        live.answered(self.clock(), stamps)
+                payload = None
+            stamps, totals = read_snapshot(payload), read_prefill_totals(payload)
+        live.answered(self.clock(), stamps, totals)
         self.judge(worker, live)  # readmit at once, not at the next tick
 
     def judge(self, worker: Worker, live: Liveness) -> None:
-        reason = live.verdict(self.clock(), self.config)
+        reason = live.verdict(self.clock(), self.config, worker.pending_prompt_tokens)
         if reason:
             if worker.alive:
                 worker.alive = False

@@ -16,11 +16,14 @@ PREFILL_GRACE = 30.0  # seconds a prefill's answer may trail the decode's before
 class PrefillHalf:
     """Sent at once on construction (raises one of TRANSPORT_ERRORS if it cannot be); `future` holds its answer."""
 
-    def __init__(self, client: UpstreamClient, worker: Worker, path: str, body: bytes, headers: dict[str, str]):
+    def __init__(self, client: UpstreamClient, worker: Worker, path: str, body: bytes, headers: dict[str, str],
+                 prompt_tokens: int = 0):
         self.client, self.worker, self.path, self.body, self.headers = client, worker, path, body, headers
         self.failure: HalfFailed | None = None
         self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
         self.future = self._start()
+        self.prompt_tokens = prompt_tokens  # on the worker's books until the answer is in (router/liveness.py)
+        worker.pending_prompt_tokens += prompt_tokens
         self.future.add_done_callback(self._done)
 
     def _start(self) -> asyncio.Future:
@@ -74,6 +77,7 @@ class PrefillHalf:
             decode.interrupt(self.failure)
 
     def _done(self, future: asyncio.Future) -> None:
+        self.worker.pending_prompt_tokens -= self.prompt_tokens
         if not future.cancelled() and isinstance(future.exception(), HalfFailed):
             self.failure = future.exception()
             if self._decode is not None:

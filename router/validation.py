@@ -29,6 +29,14 @@ from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES
 # A client's request id is echoed back and logged, never sent to SGLang (which aborts by rid prefix).
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 HINT_CHARS = 2048  # how much of a prompt the prefix policy keys on
+# Prompt tokens are estimated from characters: about 1 token per 2 characters over-estimates English and code for
+# BPE tokenizers (~4 and ~3 characters a token) and under-estimates CJK (~1), which liveness's margin covers.
+CHARS_PER_TOKEN = 2
+TEMPLATE_TOKENS = 8  # a chat template's tokens around each message
+
+
+def _text_tokens(texts: list[str]) -> int:
+    return sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts)
 LIMITS_DOC = "docs/limits.md"
 _REQUIRED = frozenset({"messages", "prompt", "role", "content"})
 
@@ -52,6 +60,7 @@ class Checked:
     # Checked against the pair: (field, ids) of other token-id fields, (field, value, limit) of counts and positions.
     id_fields: tuple[tuple[str, list[int]], ...] = ()
     counts: tuple[tuple[str, int, PairLimit], ...] = ()
+    prompt_tokens: int = 0  # an estimate (the router does not tokenize): how much prefill work this request is
 
     @property
     def hint(self) -> str:
@@ -241,8 +250,10 @@ def check_generate(body: dict[str, Any]) -> Checked:
         where = f"sampling_params[{i}]." if isinstance(params, list) else "sampling_params."
         _apply("sampling", p, where)
         checks.gather(SAMPLING, p, where)
+    text = body.get("text")
+    tokens = sum(map(len, prompts)) if prompts else _text_tokens(text if isinstance(text, list) else [text])
     return Checked(batch_size, body.get("stream") is True, first, "input_ids" if prompts else None, prompts,
-                   _client_rid(body.get("rid"), batch_size), tuple(checks.id_fields), tuple(checks.counts))
+                   _client_rid(body.get("rid"), batch_size), tuple(checks.id_fields), tuple(checks.counts), tokens)
 
 
 def check_completion(body: dict[str, Any]) -> Checked:
@@ -252,11 +263,14 @@ def check_completion(body: dict[str, Any]) -> Checked:
     _grammar_size(body.get("response_format"))
     prompt, stream, extra = body["prompt"], body.get("stream") is True, (tuple(checks.id_fields), tuple(checks.counts))
     if isinstance(prompt, str):
-        return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra)
+        return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra,
+                       _text_tokens([prompt]))
     if all(isinstance(p, str) for p in prompt):  # a batch of texts (checked by the table's type)
-        return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra)
+        return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra,
+                       _text_tokens(prompt))
     batch_size, prompts = _id_prompts(prompt, "prompt")
-    return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra)
+    return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra,
+                   sum(map(len, prompts)))
 
 
 def check_chat(body: dict[str, Any]) -> Checked:
@@ -269,8 +283,11 @@ def check_chat(body: dict[str, Any]) -> Checked:
     rid = body.get("rid")
     if isinstance(rid, list):
         raise ApiError(400, "rid: a chat request takes one id", "rid")
+    texts = [part["text"] if isinstance(part, dict) else part for message in body["messages"]
+             for part in (message["content"] if isinstance(message["content"], list) else [message["content"]])]
     return Checked(None, body.get("stream") is True, body["messages"][0].get("content"), client_rid=_client_rid(
-        rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts))
+        rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
+        prompt_tokens=_text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]))
 
 
 def _grammar_size(response_format: dict | None) -> None:

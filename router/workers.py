@@ -32,6 +32,9 @@ class Worker:
     alive: bool = True  # answers the router's liveness probe and its scheduler makes progress (router/liveness.py)
     failed_probes: int = 0
     in_flight: int = 0
+    # Prompt tokens (estimated) of this worker's prefill halves not yet answered: how long a forward pass may take
+    # before its silence means a stuck scheduler (router/liveness.py).
+    pending_prompt_tokens: int = 0
     incompatible: str = ""
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 

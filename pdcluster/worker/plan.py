@@ -73,7 +73,11 @@ CPU_FLAGS = {
     "disaggregation-transfer-backend": "mooncake_tcp",
 }
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
-COMMON_ENV = {"MC_LOG_LEVEL": "ERROR"}
+# SGLang's /health waits for any output of the scheduler and, after 20 s without one, answers 503 and marks the
+# server unhealthy (which also makes a later SIGTERM skip the drain). One long forward pass (a long prompt on a CPU)
+# is silent for that long: judging a busy scheduler is the router's liveness's job (router/liveness.py), so SGLang's
+# own limit is set far above any probe's timeout.
+COMMON_ENV = {"MC_LOG_LEVEL": "ERROR", "SGLANG_HEALTH_CHECK_TIMEOUT": "600"}
 
 # cluster.kv_store: SGLang HiCache with its file storage, set so that KV really persists (pdcluster/kvstore/). What
 # each role sets for it is its KV_STORE_FLAGS; what both share is here.

@@ -10,23 +10,31 @@ again, so a restarted service is whole again within one heartbeat.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import subprocess
 import threading
 import time
 
 import httpx
+import psutil
 
 from pdcluster.worker.plan import LaunchPlan
 
 log = logging.getLogger("pdcluster.worker")
 
-# SGLang's /health gives up after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) and answers 503; wait a little longer than that.
+# How long one /health probe may take. SGLang's /health waits for any output of its scheduler, so one long forward
+# pass (a long prompt of a real model on a CPU: tens of seconds) keeps it waiting; the launcher raises SGLang's own
+# limit (SGLANG_HEALTH_CHECK_TIMEOUT, pdcluster/worker/plan.py) well past this one.
 HEALTH_PROBE_TIMEOUT = 25.0
+# A probe that fails while SGLang's processes used at least this share of a core meanwhile is a busy scheduler, not
+# a dead one (a stuck or stopped one uses next to none; an idle one with sleep-on-idle ~0.03).
+BUSY_CORES = 0.3
 
 
 class Registrar:
-    def __init__(self, plan: LaunchPlan):
-        self.plan = plan
+    def __init__(self, plan: LaunchPlan, probe_timeout: float = HEALTH_PROBE_TIMEOUT):
+        self.plan, self.probe_timeout = plan, probe_timeout
         self.registration = plan.registration
         token = plan.cluster.resolved_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -37,10 +45,27 @@ class Registrar:
         self.registered = False
         self._threads = [threading.Thread(target=self._probe_loop, name="health-probe", daemon=True),
                          threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)]
+        self._sglang: psutil.Process | None = None
 
-    def start(self, _proc: object = None) -> None:
+    def start(self, proc: subprocess.Popen | None = None) -> None:
+        if proc is not None:
+            self._sglang = psutil.Process(proc.pid)
         for thread in self._threads:
             thread.start()
+
+    def _cpu_seconds(self) -> float:
+        """CPU time SGLang's processes have used so far (0 if unknown)."""
+        if self._sglang is None:
+            return 0.0
+        total = 0.0
+        try:
+            for process in [self._sglang, *self._sglang.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    times = process.cpu_times()
+                    total += times.user + times.system
+        except psutil.Error:
+            pass
+        return total
 
     def stop(self) -> None:
         self._stop.set()
@@ -53,15 +78,21 @@ class Registrar:
                 log.warning("could not deregister %s: %s", self.registration.worker_id, exc)
 
     def _probe(self, client: httpx.Client) -> tuple[bool, str]:
+        started, cpu = time.monotonic(), self._cpu_seconds()
         try:
             response = client.get(self.plan.health_url)
+        except httpx.TimeoutException:
+            used = (self._cpu_seconds() - cpu) / max(time.monotonic() - started, 1e-3)
+            if used >= BUSY_CORES:  # its scheduler is in a long forward pass: busy, not broken
+                return True, f"busy: /health waited {self.probe_timeout:.0f}s while SGLang used {used:.1f} cores"
+            return False, f"SGLang /health timed out and SGLang used {used:.2f} cores meanwhile"
         except httpx.HTTPError as exc:
             return False, f"SGLang /health unreachable: {type(exc).__name__}"
         return response.status_code == 200, "" if response.status_code == 200 else f"SGLang /health {response.status_code}"
 
     def _probe_loop(self) -> None:
         deadline = time.monotonic() + self.plan.cluster.ready_timeout
-        with httpx.Client(timeout=HEALTH_PROBE_TIMEOUT) as client:
+        with httpx.Client(timeout=self.probe_timeout) as client:
             while not self._stop.is_set():
                 self.health = self._probe(client)
                 if self.health[0]:

@@ -18,7 +18,14 @@ from fastapi import FastAPI, Request
 from pdcluster.protocol import Role
 from router.app import create_app
 from router.config import RouterConfig
-from router.liveness import Liveness, LivenessWatch, read_snapshot
+from router.liveness import (
+    DEFAULT_SECONDS_PER_TOKEN,
+    SAFETY,
+    Liveness,
+    LivenessWatch,
+    read_prefill_totals,
+    read_snapshot,
+)
 from router.workers import Worker, WorkerPool
 from tests.fakes import Behaviour, FakeWorker, ServerThread, until
 
@@ -48,7 +55,8 @@ def test_health_waiting_while_the_snapshot_stands_still_is_a_stalled_scheduler()
         live.answered(float(t), read_snapshot(snapshot(100.0)))
         assert live.verdict(float(t), CONFIG) == ""
     live.health_sent(5.0)  # a second probe after the first failed: still waiting since t=2
-    assert live.verdict(8.5, CONFIG) == "scheduler made no progress for 6.5s (/health waiting, load snapshot still)"
+    assert live.verdict(8.5, CONFIG).startswith(
+        "scheduler made no progress for 6.5s (/health waiting, load snapshot still; allowed 6.0s")
     live.answered(9.0, read_snapshot(snapshot(109.0)))  # SIGCONT: it publishes
     assert live.verdict(9.0, CONFIG) == ""
 
@@ -57,12 +65,35 @@ def test_a_slow_health_with_a_moving_snapshot_and_a_still_snapshot_with_health_a
     busy = Liveness(last_answer=0.0, last_progress=0.0)
     busy.health_sent(0.0)  # a long queue: /health waits its turn, but every batch publishes a snapshot
     idle = Liveness(last_answer=0.0, last_progress=0.0)
-    for t in range(0, 30):
+    for t in range(30):
         busy.answered(float(t), read_snapshot(snapshot(100.0 + t)))
         idle.answered(float(t), read_snapshot(snapshot(100.0)))  # idle: nothing published, ever
         idle.health_sent(float(t))
         idle.health_answered()  # ... and /health answers in a second
         assert busy.verdict(float(t), CONFIG) == "" and idle.verdict(float(t), CONFIG) == ""
+
+
+def test_a_long_prompt_in_flight_gives_the_scheduler_its_time_and_no_more():
+    """One forward pass of a 3000-token prompt takes ~15 s on a CPU, in silence; with nothing in flight, silence
+    past stall_timeout is a stuck scheduler. The worker's own prefill cost per token comes from its snapshots."""
+    live = Liveness(last_answer=0.0, last_progress=0.0)
+    totals = (5_000_000.0, 1000)  # SGLang says: 5 s spent prefilling 1000 tokens, 5 ms a token
+    live.answered(0.0, read_snapshot(snapshot(100.0)), totals)
+    live.health_sent(0.0)
+    for t in range(1, 50):
+        live.answered(float(t), read_snapshot(snapshot(100.0)), totals)
+        assert live.verdict(float(t), CONFIG, pending_tokens=3000) == ""  # allowed 6 + 3 x 0.005 x 3000 = 51 s
+    assert live.verdict(52.0, CONFIG, pending_tokens=3000).startswith("scheduler made no progress for 52.0s")
+    assert live.verdict(7.0, CONFIG, pending_tokens=0).startswith("scheduler made no progress for 7.0s")
+
+
+def test_before_a_worker_has_prefilled_much_its_cost_per_token_is_taken_to_be_high():
+    live = Liveness(last_answer=0.0, last_progress=0.0)
+    live.answered(0.0, None, (1000.0, 3))  # a few tokens of health probes: too little to judge by
+    assert live.allowance(CONFIG, 1000) == CONFIG.stall_timeout + SAFETY * DEFAULT_SECONDS_PER_TOKEN * 1000
+    assert read_prefill_totals({"loads": [{"total_prefill_busy_us": 10, "total_prefill_uncached_tokens": 2},
+                                          {"total_prefill_busy_us": 5, "total_prefill_uncached_tokens": 1}]}) == (15, 3)
+    assert read_prefill_totals({"loads": [{"timestamp": 1}]}) is None
 
 
 def test_snapshots_are_read_from_v1_loads_and_anything_else_is_no_snapshot():
@@ -214,6 +245,32 @@ def test_workers_whose_snapshot_stands_still_but_whose_health_answers_stay_in():
         assert events[-1] == "data: [DONE]"  # 4 s of streaming, more than twice the stall timeout
         assert busy in (0, 1)
         assert not ejected.is_set()
+
+
+def test_a_prefill_silent_in_a_long_forward_pass_keeps_its_requests_and_a_stuck_one_is_ejected():
+    """A prefill busy with one long prompt: its /health waits and its snapshot stands still for 4 s, over the 1.5 s
+    stall timeout, but the prompt in flight (~500 tokens estimated, at the default 0.02 s a token, times SAFETY)
+    allows ~31 s: the request is answered and nothing is ejected. Silent with only a short prompt in flight, it is
+    ejected soon after its allowance (1.5 s + ~0.1 s). (A fake decode answers without KV, so the requests
+    themselves succeed: the point is the verdict on the prefill.)"""
+    prefill = FreezableWorker(Behaviour(delay=4.0))
+    with pd_cluster(prefill, [FreezableWorker(Behaviour())]) as url:
+        prefill.stalled = True  # the forward pass: /health waits, nothing is published
+        assert httpx.post(f"{url}/generate", json={"text": "x" * 1000}, timeout=30).status_code == 200
+        seen, started = [], time.monotonic()
+        while time.monotonic() - started < 3.5:  # within the prefill's 4 s forward pass: nothing is ejected
+            seen.append(healthy(url)["static-prefill-0"])
+            time.sleep(0.2)
+        assert all(seen), seen
+        prefill.stalled = False  # the forward pass is over: SGLang publishes and answers /health again
+        time.sleep(1.0)
+        prefill.behaviour, prefill.stalled = Behaviour(hang=True), True  # stuck now: silent, and it never answers
+        started = time.monotonic()
+        httpx.post(f"{url}/generate", json={"text": "hi"}, timeout=30)
+        assert until(lambda: not healthy(url)["static-prefill-0"], timeout=10)
+        assert time.monotonic() - started < 6.0
+        prefill.stalled = False
+        assert until(lambda: healthy(url)["static-prefill-0"], timeout=5)
 
 
 def test_time_the_router_itself_was_stalled_counts_against_no_worker():
