@@ -96,6 +96,15 @@ def as_failure(worker: Worker, exc: Exception) -> HalfFailed:
     return exc if isinstance(exc, HalfFailed) else transport_failure(worker, exc)
 
 
+# SGLang 0.5.23 answers 500 when a request's grammar admits no token the model can produce (`root ::= root`): the
+# request's fault, not the worker's, so it is a 400 that neither retries nor counts against the worker's breaker
+# (else five such requests would take a healthy worker out of rotation).
+GRAMMAR_FAILED = b"Grammar accept_token failed"
+
+
 def status_failure(worker: Worker, status: int, payload: bytes) -> HalfFailed:
+    if status >= 500 and GRAMMAR_FAILED in payload[:4096]:
+        return HalfFailed(worker, 400, "the request's grammar admits no token the model can produce (SGLang: "
+                                       "Grammar accept_token failed)", detail=f"{worker.url}: {payload[:200]!r}")
     return HalfFailed(worker, status if status < 500 else 502, f"{_who(worker)} answered {status}",
                       payload, worker_fault(status), detail=f"{worker.url}: {payload[:200]!r}")

@@ -24,7 +24,8 @@ def atoms(vocab: int, context: int) -> list[Any]:
     floats = [-1e308, -100.0, -2.0, -1.0, -0.0, 0.0, 5e-324, 1e-300, 1e-7, 1e-6, 0.1, 0.5, 0.999999, 1.0, 1.0000001,
               2.0, 2.1, 99.0, 100.0, 101.0, 1e308]
     strings = ["", "a", "\u0000", "é\u200b🦀\U0010ffff", "x" * 300, "((((", "a+", "(a+)+$", "[0-9]{2,}", "{",
-               '{"type": "object"}', '{"type": "string", "pattern": "^(a|a)*$"}', 'root ::= "a" | "b"', "null", "5"]
+               '{"type": "object"}', '{"type": "string", "pattern": "^(a|a)*$"}', 'root ::= "a" | "b"', "root ::= root",
+               "[^\\s\\S]", "null", "5"]
     return [None, True, False, *ints, *floats, *strings]
 
 

@@ -59,6 +59,9 @@ HOSTILE = [
                  "chat_template_kwargs", id="chat-template-kwargs"),
     pytest.param("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 2, "n": None}}, 200, "",
                  id="null-n"),
+    # SGLang answers 500 for a grammar that admits no token: the request's fault (400), not the worker's.
+    pytest.param("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4, "ebnf": "root ::= root"}}, 400,
+                 "grammar admits no token", id="empty-grammar"),
 ]
 
 

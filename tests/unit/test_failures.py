@@ -57,3 +57,14 @@ def test_the_other_half_is_aborted_and_both_when_the_router_ends_the_attempt():
     assert not deadline.counts_against_worker and not deadline.transport  # the router's limit, not the worker's fault
     # A half the router stopped waiting for may be working on it still (a decode generating): both are aborted.
     assert halves_to_abort(transport_failure(DECODE, ReadTimeout(600.0)), PREFILL, DECODE) == (PREFILL, DECODE)
+
+
+def test_a_grammar_that_admits_no_token_is_the_requests_fault_not_the_workers():
+    """SGLang answers 500 "Grammar accept_token failed" for e.g. `ebnf: root ::= root`: a 400 for the client, no
+    retry, and the worker's breaker hears nothing (five such requests would otherwise take it out of rotation)."""
+    payload = b'{"error": {"message": "Grammar accept_token failed: token 68 rejected"}}'
+    failure = status_failure(PREFILL, 500, payload)
+    assert (failure.status, failure.retryable, failure.counts_against_worker) == (400, False, False)
+    body = json.loads(failure.answer().body)["error"]
+    assert body["code"] == 400 and "grammar admits no token" in body["message"]
+    assert status_failure(PREFILL, 500, b"internal error").counts_against_worker  # any other 500 still counts
