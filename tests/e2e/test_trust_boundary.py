@@ -82,7 +82,9 @@ def test_the_largest_answer_the_router_accepts_is_served(cluster, router, refere
             "max_new_tokens": room, "ignore_eos": True, "temperature": 0}}, timeout=300) as response:
         events = [line for line in response.iter_lines() if line.startswith("data:")]
     assert response.status_code == 200 and events[-1] == "data: [DONE]"
-    assert json.loads(events[-2].removeprefix("data: "))["meta_info"]["completion_tokens"] == room
+    meta = json.loads(events[-2].removeprefix("data: "))["meta_info"]
+    # SGLang keeps a few tokens of the context for itself (its prompt count includes them): a whole context, less those.
+    assert room - 8 <= meta["completion_tokens"] <= room and meta["finish_reason"]["type"] == "length", meta
     too_many = router.post("/generate", json={"text": prompt, "sampling_params": {
         "max_new_tokens": context + 1}})
     assert too_many.status_code == 400 and "context length" in too_many.json()["error"]["message"]
