@@ -1,5 +1,6 @@
 # The README's commands. `make setup` prepares a fresh machine, `make test` runs every test, `make up` runs the
-# local cluster on the CPU demo model.
+# local cluster on SmolLM2-135M-Instruct (`make up MODEL=models/tiny-llama`: on the demo model, or any other local
+# Hugging Face checkpoint or hub id).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -46,7 +47,7 @@ test-compose:
 	$(PY) -m pytest tests/compose
 
 up:
-	$(PY) -m pdcluster.local --config configs/local.yaml
+	$(PY) -m pdcluster.local --config configs/local.yaml $(if $(MODEL),--model $(MODEL))
 
 bench:
 	$(PY) -m bench.router

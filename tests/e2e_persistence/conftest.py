@@ -263,6 +263,8 @@ class PersistentCluster:
 def write_worker_config(role: str, model_link: Path, kv_dir: Path, path: Path) -> None:
     raw = yaml.safe_load((REPO / "configs" / f"{role}-persistent.yaml").read_text())
     raw["model-path"] = str(model_link)
+    # The demo model under its own name, and its KV pool as ever (the configs' are sized for SmolLM2)
+    raw.update({"served-model-name": "tiny-llama", "max-total-tokens": 65536})
     raw["cluster"]["bootstrap_url"] = f"http://127.0.0.1:{BOOTSTRAP_PORT}"
     raw["cluster"]["kv_store"]["dir"] = str(kv_dir)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
