@@ -11,7 +11,6 @@ import psutil
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 from pdcluster.models import DEMO_ARGS
 
-
 MAX_NEW = 32
 DEADLINE = 60.0  # no request may take longer, whatever happens to the cluster
 SIZES = {"tiny": 5, "short": 40, "medium": 200, "long": 700, "longest": 1800}

