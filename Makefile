@@ -55,9 +55,9 @@ bench:
 # Real clusters on the CPU demo model under sglang.bench_serving (~18 min): our router vs SGLang's (and vs an
 # identical twin of ours: the noise), PD vs colocated, prefix vs round robin, sleep-on-idle on vs off, idle CPU:
 # bench/results/cluster.json and .png. Holds the shared cluster lock so that no other real cluster runs meanwhile
-# (QUICK=1: an ~8 min check of the harness).
+# (QUICK=1: an ~8 min check of the harness; BENCH_MODEL=smollm2: on SmolLM2-135M-Instruct, cluster-smollm2.json).
 bench-cluster:
-	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster $(if $(QUICK),--quick)
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL))
 
 # Decode throughput and TPOT per batch size on one decode with fake KV, no prefill (~4 min):
 # bench/results/decode-only.json and .png.
@@ -69,9 +69,9 @@ chaos:
 	$(PY) -m bench.chaos
 
 # TTFT of long prompts cold, from the KV store on disk after a restart, and from memory (~6 min):
-# bench/results/persistence.json and .png.
+# bench/results/persistence.json and .png (BENCH_MODEL=smollm2: on SmolLM2, persistence-smollm2.json).
 bench-persistence:
-	$(PY) -m bench.persistence
+	$(PY) -m bench.persistence $(if $(BENCH_MODEL),--shape $(BENCH_MODEL))
 
 clean:
 	rm -rf $(VENV) models *.egg-info
