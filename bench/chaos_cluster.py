@@ -1,5 +1,5 @@
-"""bench.chaos: the cluster under test (2 prefills, 2 decodes on ports of their own), the limits each fault must
-meet, and how the run asks the cluster whether every worker serves."""
+"""bench.chaos: the cluster under test (2 prefills, 2 decodes on ports of their own, on the demo model), the limits
+each fault must meet, and how the run asks the cluster whether every worker serves."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import httpx
 import psutil
 
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
-
+from pdcluster.models import DEMO_ARGS
 
 MAX_NEW = 32
 DEADLINE = 60.0  # no request may take longer, whatever happens to the cluster
@@ -32,9 +32,9 @@ def chaos_spec(base: int, kv_base: int) -> LocalSpec:
     return LocalSpec(
         bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=base + 998),
         router=ComponentSpec(config="tests/e2e/router.yaml", port=base),  # names the pair on every answer
-        prefill=WorkerGroupSpec(config="configs/prefill.yaml", count=2, first_port=base + 100,
+        prefill=WorkerGroupSpec(config="configs/prefill.yaml", args=DEMO_ARGS, count=2, first_port=base + 100,
                                 first_kv_bootstrap_port=kv_base),
-        decode=WorkerGroupSpec(config="configs/decode.yaml", count=2, first_port=base + 200),
+        decode=WorkerGroupSpec(config="configs/decode.yaml", args=DEMO_ARGS, count=2, first_port=base + 200),
         ready_timeout=900,
     )
 

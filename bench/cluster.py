@@ -1,5 +1,6 @@
-"""`python -m bench.cluster` (`make bench-cluster`): serving performance of real clusters on the CPU demo model, with
-SGLang's own benchmark (sglang.bench_serving), in alternating order with repeats:
+"""`python -m bench.cluster` (`make bench-cluster`): serving performance of real clusters on the CPU demo model (or
+`--model smollm2`: SmolLM2-135M-Instruct, what `make up` serves), with SGLang's own benchmark (sglang.bench_serving),
+in alternating order with repeats:
 
   ours        PD (1 prefill + 1 decode) through our router;
   ours-twin   the same again, a second identical router process: the A/A control that measures the noise;
@@ -10,7 +11,8 @@ SGLang's own benchmark (sglang.bench_serving), in alternating order with repeats
               busy-poll would steal the CPU of every other target).
 
 Also the idle CPU of each cluster (sleep-on-idle on and off). Writes bench/results/cluster.json and cluster.png
-(`--quick`: a small run for development, cluster-quick.json/.png; `--decode-only`: bench/decode_only.py). Hold
+(cluster-smollm2.* with --model smollm2; `--quick`: a small run for development, cluster-quick*.json/.png;
+`--decode-only`: bench/decode_only.py). Hold
 `flock /tmp/pdcluster-cluster.lock` while it runs (the Makefile target does). Details: bench/README.md.
 """
 
@@ -30,10 +32,8 @@ from bench import cluster_targets as targets
 from pdcluster.local import REPO
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# The SLO behind goodput: a request counts if its first token came within TTFT and every later one within TPOT on
-# average. Chosen for this model on this machine: about 4x the unloaded values (PD: TTFT ~155 ms, TPOT ~25 ms one
-# request at a time), so that a request fails it by queueing behind others, not by the machine's usual noise.
-SLO_MS = {"ttft": 1000.0, "tpot": 100.0}
+# The SLO behind goodput (a request counts if its first token came within TTFT and every later one within TPOT on
+# average) is the model's: cluster_targets.MODELS.
 CONCURRENCY = 6
 LOCAL_SHAPE = ["bootstrap", "router", "prefill-0", "decode-0"]  # configs/local.yaml: what `make up` starts
 BUSY_POLL_LOADS = ("random", "serial")  # what the sleep-on-idle off session runs
@@ -67,20 +67,22 @@ def loads(quick: bool, busy_poll: bool = False) -> dict[str, serving.Workload]:
 class Session:
     """One cluster's worth of runs, each recorded with the CPU the rest of the machine used meanwhile."""
 
-    def __init__(self, name: str, out: Path, log: Callable[[str], None]):
-        self.name, self.out, self.log, self.runs = name, out, log, []
+    def __init__(self, name: str, model: targets.BenchModel, out: Path, log: Callable[[str], None]):
+        self.name, self.model, self.out, self.log, self.runs = name, model, out, log, []
         self.pids: dict[str, int] = {}
 
     def warm_up(self, target: str, base_url: str) -> None:
         """Unrecorded: a first load on a target is slower (lazy initialisation in SGLang and torch)."""
-        serving.run(WARM_UP, base_url, self.out, f"{self.name}-{target}-warm-up", seed=0, slo=SLO_MS)
+        serving.run(WARM_UP, base_url, self.out, f"{self.name}-{target}-warm-up", seed=0, slo=self.model.slo_ms,
+                    model=self.model.path)
 
     def measure(self, workload: serving.Workload, target: str, base_url: str, flush: list[str], repeat: int) -> None:
         targets.flush_caches(flush)
         probe = idle.probe_ms()
         window = idle.Window(self.pids)
         tag = f"{self.name}-{target}-{workload.name}-{repeat}"
-        row = serving.run(workload, base_url, self.out, tag, seed=repeat + 1, slo=SLO_MS)
+        row = serving.run(workload, base_url, self.out, tag, seed=repeat + 1, slo=self.model.slo_ms,
+                          model=self.model.path)
         cpu = window.cores()
         self.runs.append({"session": self.name, "target": target, "workload": workload.name, "repeat": repeat,
                           **row, "cores_used_by_others": cpu["others"], "machine_probe_ms": probe,
@@ -107,8 +109,9 @@ def cluster_pids(cluster) -> dict[str, int]:
 
 def run_busy_poll(args, load: dict, log_dir: Path, log) -> tuple[list, dict]:
     """sleep-on-idle off: a 1P+1D cluster (configs/local.yaml's shape), its idle CPU, and the `ours` loads."""
-    session = Session("busy-poll", log_dir, log)
-    cluster, started = targets.start_cluster(1, sleep_on_idle=False, log_dir=log_dir / "busy-poll"), []
+    session = Session("busy-poll", args.bench_model, log_dir, log)
+    cluster = targets.start_cluster(args.bench_model, 1, sleep_on_idle=False, log_dir=log_dir / "busy-poll")
+    started = []
     try:
         cluster.wait_ready()
         session.pids = cluster_pids(cluster)
@@ -132,10 +135,10 @@ def run_busy_poll(args, load: dict, log_dir: Path, log) -> tuple[list, dict]:
 
 def run_main(args, load: dict, log_dir: Path, log) -> tuple[list, dict, dict]:
     """sleep-on-idle on: 2 prefills + 1 decode, the colocated server, and one router per target."""
-    session = Session("main", log_dir, log)
-    cluster, started = targets.start_cluster(2, sleep_on_idle=True, log_dir=log_dir / "main"), []
+    session = Session("main", args.bench_model, log_dir, log)
+    cluster, started = targets.start_cluster(args.bench_model, 2, sleep_on_idle=True, log_dir=log_dir / "main"), []
     try:
-        colocated = targets.start_colocated(log_dir, sleep_on_idle=True)
+        colocated = targets.start_colocated(args.bench_model, log_dir, sleep_on_idle=True)
         started.append(colocated)
         began = time.monotonic()
         cluster.wait_ready()
@@ -181,6 +184,8 @@ def run_main(args, load: dict, log_dir: Path, log) -> tuple[list, dict, dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few prompts, 2 repeats: a check of the harness")
+    parser.add_argument("--model", choices=sorted(targets.MODELS), default="tiny-llama",
+                        help="the model every worker serves (default: the demo model)")
     parser.add_argument("--repeats", type=int, help="runs of each target and load (default 3, --quick 2)")
     parser.add_argument("--idle-seconds", type=float, help="idle CPU window (default 20 s, --quick 8 s)")
     parser.add_argument("--no-busy-poll", action="store_true", help="skip the sleep-on-idle off session")
@@ -195,14 +200,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.repeats = args.repeats or (2 if args.quick else 3)
     args.idle_seconds = args.idle_seconds or (8.0 if args.quick else 20.0)
-    out = args.out or RESULTS / ("cluster-quick" if args.quick else "cluster")
+    args.bench_model = model = targets.MODELS[args.model]
+    suffix = "" if args.model == "tiny-llama" else f"-{args.model}"
+    out = args.out or RESULTS / (f"cluster-quick{suffix}" if args.quick else f"cluster{suffix}")
     began, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
 
     def log(line: str) -> None:
         print(f"[cluster {time.monotonic() - t0:5.0f}s] {line}", flush=True)
 
-    subprocess.run([sys.executable, "scripts/build_demo_model.py", "--out", str(REPO / targets.MODEL)], cwd=REPO,
-                   check=True)
+    if args.model == "tiny-llama":
+        subprocess.run([sys.executable, "scripts/build_demo_model.py", "--out", str(REPO / model.path)], cwd=REPO,
+                       check=True)
+    elif not (REPO / model.path / "model.safetensors").is_file():
+        parser.error(f"{model.path} is missing: `make setup` builds it")
     log_dir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     log(f"process logs and bench_serving outputs in {log_dir}")
     machine = {**report.machine(), "cores_busy_before_start": round(procs_busy(), 3)}
@@ -215,9 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     main_runs, idle_cpu["sleep_on_idle_on"], startup = run_main(args, load, log_dir, log)
     runs += main_runs
     result = {
-        "benchmark": "pdcluster on real SGLang (CPU, models/tiny-llama): our router vs SGLang's router vs colocated, "
+        "benchmark": f"pdcluster on real SGLang (CPU, {model.path}): our router vs SGLang's router vs colocated, "
                      "prefix vs round_robin, sleep-on-idle on vs off",
-        "settings": {"quick": args.quick, "repeats": args.repeats, "slo_ms": SLO_MS,
+        "settings": {"quick": args.quick, "repeats": args.repeats, "slo_ms": model.slo_ms, "model": model.path,
+                     "worker_args": model.worker_args,
                      "loads": {k: {"argv": w.argv(0), "notes": w.notes} for k, w in load.items()},
                      "busy_poll_prompts": {k: w.prompts for k, w in loads(args.quick, busy_poll=True).items()
                                            if k in BUSY_POLL_LOADS},

@@ -56,7 +56,8 @@ def draw(result: dict, path: Path) -> None:
     for ax in axes[len(rows) + extra:]:
         ax.axis("off")
     m = result["machine"]
-    fig.suptitle(f"pdcluster cluster benchmark (real SGLang, CPU, tiny-llama) - {m['cpu_count']} CPUs, "
+    model = Path(result["settings"].get("model", "models/tiny-llama")).name
+    fig.suptitle(f"pdcluster cluster benchmark (real SGLang, CPU, {model}) - {m['cpu_count']} CPUs, "
                  f"{result['started_utc']}, commit {(m.get('git_commit') or '?')[:8]}; bars: median of "
                  f"{result['settings']['repeats']} repeats, dots: each repeat", fontsize=10)
     fig.tight_layout()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -18,10 +18,31 @@ import psutil
 import yaml
 
 from bench import procs
+from pdcluster import models
 from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 from pdcluster.worker import plan
 
-MODEL = "models/tiny-llama"
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A model the benchmark serves: where it is, the worker options over configs/prefill.yaml and decode.yaml that
+    serve it, and the SLO behind goodput (about 4x its unloaded TTFT and TPOT on this machine, so that a request
+    fails it by queueing behind others, not by the machine's usual noise)."""
+    path: str
+    served: str
+    max_total_tokens: int  # the PD workers' KV pool, which the colocated server gets too
+    slo_ms: dict[str, float]
+    worker_args: list[str] = field(default_factory=list)
+
+
+MODELS = {
+    # The demo model (2 layers): the cluster's own costs dominate. Unloaded PD: TTFT ~155 ms, TPOT ~25 ms.
+    "tiny-llama": BenchModel(models.DEMO, "tiny-llama", 65536, {"ttft": 1000.0, "tpot": 100.0}, models.DEMO_ARGS),
+    # SmolLM2-135M-Instruct (30 layers), what make up serves: configs/prefill.yaml and decode.yaml as they are.
+    # Unloaded PD (--quick, 2 cores): TTFT ~600 ms, TPOT ~60 ms.
+    "smollm2": BenchModel(models.SMOLLM2, "smollm2-135m-instruct", plan.CPU_FLAGS["max-total-tokens"],
+                          {"ttft": 2500.0, "tpot": 250.0}),
+}
 # 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), chaos (38xxx), persistence (29xxx).
 PORTS = {"router": 27000, "bootstrap": 27998, "prefill": 27100, "kv_bootstrap": 27300, "decode": 27200,
          "colocated": 27500}
@@ -47,15 +68,16 @@ def worker_config(role: str, sleep_on_idle: bool, out_dir: Path) -> str:
     return str(path)
 
 
-def start_cluster(prefills: int, sleep_on_idle: bool, log_dir: Path) -> LocalCluster:
+def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir: Path) -> LocalCluster:
     log_dir.mkdir(parents=True, exist_ok=True)
     spec = LocalSpec(
         bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=PORTS["bootstrap"]),
         router=ComponentSpec(config="configs/router.yaml", port=PORTS["router"]),
-        prefill=WorkerGroupSpec(config=worker_config("prefill", sleep_on_idle, log_dir), count=prefills,
-                                first_port=PORTS["prefill"], first_kv_bootstrap_port=PORTS["kv_bootstrap"]),
-        decode=WorkerGroupSpec(config=worker_config("decode", sleep_on_idle, log_dir), count=1,
-                               first_port=PORTS["decode"]),
+        prefill=WorkerGroupSpec(config=worker_config("prefill", sleep_on_idle, log_dir), args=model.worker_args,
+                                count=prefills, first_port=PORTS["prefill"],
+                                first_kv_bootstrap_port=PORTS["kv_bootstrap"]),
+        decode=WorkerGroupSpec(config=worker_config("decode", sleep_on_idle, log_dir), args=model.worker_args,
+                               count=1, first_port=PORTS["decode"]),
         ready_timeout=900,
     )
     cluster = LocalCluster(spec, log_dir, report=lambda line: print(f"cluster: {line}", flush=True))
@@ -86,10 +108,12 @@ def start_sglang_router(log_dir: Path, prefill: Worker, decode: Worker) -> procs
     return procs.start_sglang(log_dir, prefill, decode, bootstrap_port=prefill.kv_bootstrap_port)
 
 
-def colocated_command(port: int, sleep_on_idle: bool) -> tuple[list[str], dict[str, str]]:
-    """One SGLang server doing prefill and decode, with the pdcluster CPU profile minus the PD options."""
+def colocated_command(model: BenchModel, port: int, sleep_on_idle: bool) -> tuple[list[str], dict[str, str]]:
+    """One SGLang server doing prefill and decode, with the pdcluster CPU profile minus the PD options, and the PD
+    workers' KV pool."""
     flags = {k: v for k, v in plan.CPU_FLAGS.items() if not k.startswith("disaggregation")}
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", MODEL, "--served-model-name", "tiny-llama",
+    flags["max-total-tokens"] = model.max_total_tokens
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model.path, "--served-model-name", model.served,
             "--host", procs.HOST, "--port", str(port), "--dtype", "float32", "--log-level", "warning"]
     for key, value in flags.items():
         argv += [f"--{key}", str(value)]
@@ -99,8 +123,8 @@ def colocated_command(port: int, sleep_on_idle: bool) -> tuple[list[str], dict[s
     return argv, {**plan.COMMON_ENV, **plan.CPU_ENV, "PYTHONPATH": shim}
 
 
-def start_colocated(log_dir: Path, sleep_on_idle: bool) -> procs.Proc:
-    argv, env = colocated_command(PORTS["colocated"], sleep_on_idle)
+def start_colocated(model: BenchModel, log_dir: Path, sleep_on_idle: bool) -> procs.Proc:
+    argv, env = colocated_command(model, PORTS["colocated"], sleep_on_idle)
     return procs.start("colocated", argv, log_dir, PORTS["colocated"], env=env)
 
 

@@ -12,7 +12,9 @@ The floor of a storage hit is the prompt's KV bytes over the read bandwidth of t
 all of them, from the device and from the page cache). Target: storage <= 0.2 x cold at the longest prompt.
 
 The model is built with scripts/build_demo_model.py (the demo model's tokenizer, random weights) in one of SHAPES,
-once, into models/persistence-bench-<shape>. The cluster is pdcluster.local with configs/prefill-persistent.yaml and
+once, into models/persistence-bench-<shape>; or, with `--shape smollm2`, it is SmolLM2-135M-Instruct as `make setup`
+built it (a real model, what `make up` serves; 30 layers, 45 KiB of KV per token; its context holds 8192 tokens, so
+its longest prompt is 8000). The cluster is pdcluster.local with configs/prefill-persistent.yaml and
 configs/decode-persistent.yaml, on ports 29xxx, its KV in /tmp/pdcluster-bench-persistence/kv (emptied first).
 Writes bench/results/persistence.json and .png (default shape), or persistence-<shape>.json and .png.
 """
@@ -37,6 +39,7 @@ import psutil
 import yaml
 
 from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.models import SMOLLM2
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path("/tmp/pdcluster-bench-persistence")
@@ -56,8 +59,10 @@ SHAPES = {
     "llama-small": {"layers": 6, "hidden": 768, "intermediate": 2048, "heads": 12, "kv_heads": 4},
 }
 DEFAULT_SHAPE = "8b-balance"
+REAL = "smollm2"  # --shape smollm2: the real model make setup built, not one of SHAPES
 INITIALIZER_RANGE = 0.02
 LENGTHS = (1024, 2048, 4096, 8192)
+REAL_LENGTHS = (1024, 2048, 4096, 8000)  # SmolLM2's context is 8192 tokens: the prompt and its one new token fit
 # 29xxx: below the ephemeral range (32768+), where a port can be taken by any outgoing connection; not the tests'.
 PORTS = {"bootstrap": 29998, "router": 29000, "prefill": 29300, "kv_bootstrap": 29301, "decode": 29400}
 PAGE = 64
@@ -66,21 +71,28 @@ SERIES = ("cold", "storage", "disk", "memory")
 
 
 def build_model(shape: str) -> tuple[Path, dict]:
-    out = REPO / "models" / f"persistence-bench-{shape}"
-    dims = {**SHAPES[shape], "max_positions": MAX_POSITIONS}
-    options = [f"--{k.replace('_', '-')}={v}" for k, v in dims.items()]
-    subprocess.run([sys.executable, "scripts/build_demo_model.py", "--out", str(out), *options,
-                    f"--initializer-range={INITIALIZER_RANGE}"], cwd=REPO, check=True)
+    if shape == REAL:
+        out = REPO / SMOLLM2
+        if not (out / "build-info.json").is_file():
+            raise SystemExit(f"{out} is missing: `make setup` builds it")
+        dims = {"model": "SmolLM2-135M-Instruct (scripts/fetch_smollm2.py)"}
+    else:
+        out = REPO / "models" / f"persistence-bench-{shape}"
+        dims = {**SHAPES[shape], "max_positions": MAX_POSITIONS}
+        options = [f"--{k.replace('_', '-')}={v}" for k, v in dims.items()]
+        subprocess.run([sys.executable, "scripts/build_demo_model.py", "--out", str(out), *options,
+                        f"--initializer-range={INITIALIZER_RANGE}"], cwd=REPO, check=True)
     config = json.loads((out / "config.json").read_text())
     info = json.loads((out / "build-info.json").read_text())
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     layers, hidden, inter = config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]
     kv_dim = config["num_key_value_heads"] * head_dim
     n = LENGTHS[-1]
     dense = n * layers * (2 * hidden * hidden + 2 * hidden * kv_dim + 3 * hidden * inter)  # projections + MLP
     attention = layers * 2 * (n * n // 2) * hidden  # QK^T and PV over the causal half, every query head
     return out, {"path": str(out.relative_to(REPO)), "shape": shape, "dims": dims,
-                 "initializer_range": INITIALIZER_RANGE, "parameters": info["num_parameters"], "dtype": "float32",
+                 "initializer_range": None if shape == REAL else INITIALIZER_RANGE,
+                 "parameters": info["num_parameters"], "dtype": "float32",
                  "kv_bytes_per_token": layers * 2 * kv_dim * 4,
                  f"attention_share_of_prefill_at_{n}": round(attention / (attention + dense), 3)}
 
@@ -360,14 +372,18 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.persistence", description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default=DEFAULT_SHAPE)
-    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens")
+    parser.add_argument("--shape", choices=sorted([*SHAPES, REAL]), default=DEFAULT_SHAPE,
+                        help=f"a random-weight model of that shape, or {REAL}: the real model make setup built")
+    parser.add_argument("--lengths", help="prompt lengths in tokens (default "
+                                          f"{','.join(map(str, LENGTHS))}; {REAL}: {','.join(map(str, REAL_LENGTHS))})")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", help="default: bench/results/persistence.json, or persistence-<shape>.json")
     args = parser.parse_args(argv)
-    lengths = tuple(sorted(int(n) for n in args.lengths.split(",")))
-    if lengths[-1] + 1 > MAX_POSITIONS:
-        parser.error(f"the longest prompt must leave room for one token within {MAX_POSITIONS}")
+    default = REAL_LENGTHS if args.shape == REAL else LENGTHS
+    lengths = tuple(sorted(int(n) for n in args.lengths.split(","))) if args.lengths else default
+    context = 8192 if args.shape == REAL else MAX_POSITIONS
+    if lengths[-1] + 1 > context:
+        parser.error(f"the longest prompt must leave room for one token within {context}")
     name = "persistence" if args.shape == DEFAULT_SHAPE else f"persistence-{args.shape}"
     out = Path(args.out) if args.out else RESULTS / f"{name}.json"
     result = run(args.shape, lengths, args.repeats)

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.cluster_targets import MODEL
+from pdcluster.models import DEMO
 
 # What each run reports, from bench_serving's result record.
 METRICS = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
@@ -57,13 +57,15 @@ def shared_prefix(name: str, groups: int, per_group: int, concurrency: int, note
                     groups * per_group, None, concurrency, notes)
 
 
-def run(workload: Workload, base_url: str, out_dir: Path, tag: str, seed: int, slo: dict[str, float]) -> dict:
-    """One bench_serving run; returns the METRICS of its result (plus cache hits where reported)."""
+def run(workload: Workload, base_url: str, out_dir: Path, tag: str, seed: int, slo: dict[str, float],
+        model: str = DEMO) -> dict:
+    """One bench_serving run against `model` (its folder: bench_serving's tokenizer); returns the METRICS of its result
+    (plus cache hits where reported)."""
     from sglang.benchmark import serving  # heavy: imported once, on first use
 
     result_file, log_file = out_dir / f"{tag}.jsonl", out_dir / f"{tag}.log"
     result_file.unlink(missing_ok=True)
-    argv = ["bench_serving", "--backend", "sglang", "--base-url", base_url, "--model", MODEL, "--tokenizer", MODEL,
+    argv = ["bench_serving", "--backend", "sglang", "--base-url", base_url, "--model", model, "--tokenizer", model,
             "--ready-check-timeout-sec", "0", "--warmup-requests", "2", "--disable-tqdm",
             "--output-file", str(result_file), "--tag", tag,
             "--goodput", *(f"{k}:{v:g}" for k, v in slo.items()), *workload.argv(seed)]

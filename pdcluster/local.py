@@ -29,6 +29,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdcluster.config_file import ConfigError, fail, load_model, load_yaml
+from pdcluster.models import model_args
 from pdcluster.restarts import Backoff, RestartPolicy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,6 +47,9 @@ class ComponentSpec(BaseModel):
 class WorkerGroupSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     config: str
+    # SGLang options over the config file's, for every worker of the group, as on the launcher's command line (e.g.
+    # pdcluster.models.model_args: another model)
+    args: list[str] = Field(default_factory=list)
     count: int = Field(default=1, ge=0)
     first_port: int = Field(ge=1024, le=65000)
     first_kv_bootstrap_port: int = Field(default=8999, ge=1024, le=65000)
@@ -146,11 +150,11 @@ class LocalCluster:
                                 "--port", s.bootstrap_url.rsplit(":", 1)[1]])
         cluster = ["--cluster", f"bootstrap_url={s.bootstrap_url}"]
         for i in range(s.prefill.count):
-            self._add(f"prefill-{i}", [py, "prefill.py", "--config", s.prefill.config, *cluster,
+            self._add(f"prefill-{i}", [py, "prefill.py", "--config", s.prefill.config, *s.prefill.args, *cluster,
                                        "--port", str(s.prefill.first_port + i),
                                        "--disaggregation-bootstrap-port", str(s.prefill.first_kv_bootstrap_port + i)])
         for i in range(s.decode.count):
-            self._add(f"decode-{i}", [py, "decode.py", "--config", s.decode.config, *cluster,
+            self._add(f"decode-{i}", [py, "decode.py", "--config", s.decode.config, *s.decode.args, *cluster,
                                       "--port", str(s.decode.first_port + i)])
         self._add("router", [py, "-m", "router", "--config", s.router.config, "--host", s.router.host,
                              "--port", s.router_url.rsplit(":", 1)[1], "--bootstrap-url", s.bootstrap_url])
@@ -302,8 +306,13 @@ def hold_pid(pid: int) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pdcluster.local", description="Run the whole cluster locally.")
     parser.add_argument("--config", default="configs/local.yaml")
+    parser.add_argument("--model", help="serve this model instead of the worker configs' (a local Hugging Face "
+                                        "checkpoint, e.g. models/tiny-llama, or a hub id on a connected machine)")
     args = parser.parse_args(argv)
     spec = load_model(LocalSpec, args.config, {}, prog="pdcluster.local")
+    if args.model:
+        for group in (spec.prefill, spec.decode):
+            group.args += model_args(args.model)
     try:
         cluster = LocalCluster(spec, REPO / spec.log_dir)
     except ConfigError as exc:  # a component's config file, read for its port

@@ -69,7 +69,9 @@ CPU_FLAGS = {
     # any other process taking 10% of the RAM meanwhile (another worker starting) killed the start. The KV pool is
     # capped by max-total-tokens anyway, so a larger fraction allocates nothing more.
     "mem-fraction-static": 0.5,
-    "max-total-tokens": 65536,
+    # Sized for the default model, SmolLM2-135M-Instruct: 45 KiB of float32 KV a token, so 720 MiB per worker (65536
+    # would reserve 2.8 GiB), and SGLang's HiCache host pool (kv_store) is twice the device pool.
+    "max-total-tokens": 16384,
     "disaggregation-transfer-backend": "mooncake_tcp",
 }
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}

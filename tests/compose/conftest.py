@@ -251,17 +251,23 @@ def image(engine) -> dict:
     return builds
 
 
+def copy_out(engine, tag: str, model: str) -> Path:
+    """/app/models/<model> as built in the image, copied to the run's folder."""
+    target = RUN_DIR / "image-models" / model
+    if not target.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        container = engine.docker("create", tag).stdout.decode().strip()
+        try:
+            engine.docker("cp", f"{container}:/app/models/{model}", str(target), timeout=300)
+        finally:
+            engine.docker("rm", "-f", container, check=False)
+    return target
+
+
 @pytest.fixture(scope="package")
 def image_model(engine, image) -> Path:
-    """The demo model as built in the image, copied out (the reference runs on it)."""
-    tag = next(iter(image))
-    target = RUN_DIR / "image-model"
-    container = engine.docker("create", tag).stdout.decode().strip()
-    try:
-        engine.docker("cp", f"{container}:/app/models/tiny-llama", str(target))
-    finally:
-        engine.docker("rm", "-f", container, check=False)
-    return target
+    """The cpu profile's model (SmolLM2) as built in the image, copied out: the reference runs on it."""
+    return copy_out(engine, next(iter(image)), "smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="package")

@@ -1,4 +1,5 @@
-"""One real cluster for the whole end-to-end run: bootstrap service, 2 SGLang prefills, 2 decodes, router.
+"""One real cluster for the whole end-to-end run: bootstrap service, 2 SGLang prefills, 2 decodes, router, on the
+demo model (configs/prefill.yaml and decode.yaml with pdcluster.models.DEMO_ARGS: milliseconds per request).
 
 It starts through pdcluster.local, the same launcher as `make up`, on ports of its own. If it cannot start, every
 end-to-end test errors (never skips): CI must not go green on a cluster that does not run.
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
+from pdcluster.models import DEMO_ARGS
 from tests.e2e.reference import ReferenceModel
 from tests.fakes import until
 
@@ -26,9 +28,9 @@ def e2e_spec() -> LocalSpec:
     return LocalSpec(
         bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=18998),
         router=ComponentSpec(config="tests/e2e/router.yaml", port=18000),
-        prefill=WorkerGroupSpec(config="configs/prefill.yaml", count=2, first_port=31100,
+        prefill=WorkerGroupSpec(config="configs/prefill.yaml", args=DEMO_ARGS, count=2, first_port=31100,
                                 first_kv_bootstrap_port=19000),
-        decode=WorkerGroupSpec(config="configs/decode.yaml", count=2, first_port=31200),
+        decode=WorkerGroupSpec(config="configs/decode.yaml", args=DEMO_ARGS, count=2, first_port=31200),
         ready_timeout=600,
     )
 

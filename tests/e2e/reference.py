@@ -28,7 +28,10 @@ class ReferenceModel:
         self.eos = self.model.config.eos_token_id
 
     def greedy(self, text: str, max_new_tokens: int) -> Reference:
-        prompt = self.tokenizer(text)["input_ids"]
+        return self.greedy_ids(self.tokenizer(text)["input_ids"], max_new_tokens)
+
+    def greedy_ids(self, prompt: list[int], max_new_tokens: int) -> Reference:
+        """For a prompt given as token ids (a chat template's, a next turn's: ids that do not round-trip as text)."""
         ids, margins = list(prompt), []
         with torch.inference_mode():
             for _ in range(max_new_tokens):
@@ -38,7 +41,7 @@ class ReferenceModel:
                 ids.append(int(top2.indices[0]))
                 if ids[-1] == self.eos:
                     break
-        return Reference(prompt, ids[len(prompt):], margins)
+        return Reference(list(prompt), ids[len(prompt):], margins)
 
 
     def prompt_logprobs(self, text: str) -> list[float]:

@@ -26,7 +26,6 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-import torch
 import yaml
 
 from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
@@ -60,15 +59,7 @@ def prompt_ids(tokenizer, tag: str, n_tokens: int) -> list[int]:
 
 def greedy_ids(reference: ReferenceModel, prompt: list[int], max_new_tokens: int) -> Reference:
     """ReferenceModel.greedy for a prompt given as token ids (a next turn's ids do not round-trip through text)."""
-    ids, margins = list(prompt), []
-    with torch.inference_mode():
-        for _ in range(max_new_tokens):
-            top2 = torch.topk(reference.model(torch.tensor([ids])).logits[0, -1], 2)
-            margins.append(float(top2.values[0] - top2.values[1]))
-            ids.append(int(top2.indices[0]))
-            if ids[-1] == reference.eos:
-                break
-    return Reference(list(prompt), ids[len(prompt):], margins)
+    return reference.greedy_ids(prompt, max_new_tokens)
 
 
 @dataclass
@@ -263,6 +254,8 @@ class PersistentCluster:
 def write_worker_config(role: str, model_link: Path, kv_dir: Path, path: Path) -> None:
     raw = yaml.safe_load((REPO / "configs" / f"{role}-persistent.yaml").read_text())
     raw["model-path"] = str(model_link)
+    # The demo model under its own name, and its KV pool as ever (the configs' are sized for SmolLM2)
+    raw.update({"served-model-name": "tiny-llama", "max-total-tokens": 65536})
     raw["cluster"]["bootstrap_url"] = f"http://127.0.0.1:{BOOTSTRAP_PORT}"
     raw["cluster"]["kv_store"]["dir"] = str(kv_dir)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -3,8 +3,10 @@ bench/README.md never reads a ratio as a difference when the repeats do not supp
 
 from __future__ import annotations
 
+import pytest
+
 from bench import cluster_report
-from bench.cluster_targets import colocated_command
+from bench.cluster_targets import MODELS, colocated_command
 
 
 def run(target: str, throughput: float, ttft: float, workload: str = "random", session: str = "main",
@@ -36,10 +38,14 @@ def test_idle_verdict_against_a_tenth_of_a_core():
     assert verdicts["sleep_on_idle_on"]["pass"] and not verdicts["sleep_on_idle_off"]["pass"]
 
 
-def test_colocated_server_is_not_disaggregated():
-    argv, env = colocated_command(27500, sleep_on_idle=True)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_colocated_server_is_not_disaggregated_and_gets_the_pd_workers_kv_pool(name):
+    argv, env = colocated_command(MODELS[name], 27500, sleep_on_idle=True)
     assert not any(a.startswith("--disaggregation") for a in argv)
     assert "--sleep-on-idle" in argv and env["SGLANG_USE_CPU_ENGINE"] == "1"
+    pool = {"tiny-llama": "65536", "smollm2": "16384"}[name]  # what DEMO_ARGS / the CPU profile give the PD workers
+    assert argv[argv.index("--max-total-tokens") + 1] == pool and argv.count("--max-total-tokens") == 1
+    assert argv[argv.index("--model-path") + 1] == MODELS[name].path
 
 
 def test_paired_ratios_see_through_a_drift_that_the_ranges_hide():

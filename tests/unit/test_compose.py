@@ -228,7 +228,7 @@ def test_every_service_command_dry_runs(compose, demo_model, monkeypatch):
         assert "--disaggregation-transfer-backend mooncake_tcp" in out, out
     for name in CPU_WORKERS:
         out = results[name]["stdout"]
-        assert "--model-path models/tiny-llama" in out and "--device cpu" in out and "--dtype float32" in out, out
+        assert "--model-path models/smollm2-135m-instruct" in out and "--device cpu" in out and "--dtype float32" in out, out
     router = json.loads(results["router"]["stdout"])
     assert (router["host"], router["port"], router["bootstrap_url"]) == ("0.0.0.0", 8000, "http://bootstrap:8998")
     assert results["router"]["served"] == []

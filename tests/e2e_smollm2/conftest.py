@@ -1,0 +1,103 @@
+"""One real cluster on SmolLM2-135M-Instruct, the model `make up` serves: bootstrap service, 1 prefill, 1 decode and
+the router, started once for this directory through pdcluster.local with the shipped configs
+(configs/prefill-persistent.yaml, decode-persistent.yaml, router.yaml), on ports of its own (25xxx) and with its KV
+store in a temporary directory. Package scope: gone before the next suite of `make test` starts its cluster.
+
+The model is the one `make setup` built (scripts/fetch_smollm2.py): nothing is downloaded here. If it is missing or
+the cluster cannot start, every test errors; none is skipped. Prompts stay at a few hundred tokens: one prefill
+forward must stay well within the router's stall_timeout on 2 busy cores.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.models import SMOLLM2
+from tests.e2e.reference import ReferenceModel
+from tests.fakes import until
+
+MODEL_DIR = REPO / SMOLLM2
+BOOTSTRAP_PORT, ROUTER_PORT, PREFILL_PORT, KV_BOOTSTRAP_PORT, DECODE_PORT = 25998, 25000, 25100, 25300, 25200
+# Two SmolLM2 HiCache workers: ~3 GiB each (weights, a 16384-token pool and its host copy), and SGLang's HiCache
+# wants 1 GiB free beyond its pool at each start (pdcluster/cpu_hicache).
+NEEDED_GIB = 8
+
+
+def spec(kv_dir) -> LocalSpec:
+    kv = ["--cluster", f"kv_store.dir={kv_dir}"]
+    return LocalSpec(
+        bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=BOOTSTRAP_PORT),
+        router=ComponentSpec(config="configs/router.yaml", port=ROUTER_PORT),
+        prefill=WorkerGroupSpec(config="configs/prefill-persistent.yaml", args=kv, count=1, first_port=PREFILL_PORT,
+                                first_kv_bootstrap_port=KV_BOOTSTRAP_PORT),
+        decode=WorkerGroupSpec(config="configs/decode-persistent.yaml", args=kv, count=1, first_port=DECODE_PORT),
+        ready_timeout=600,
+    )
+
+
+@pytest.fixture(scope="package")
+def smollm2() -> str:
+    assert (MODEL_DIR / "model.safetensors").is_file(), f"{MODEL_DIR} is missing: `make setup` builds it"
+    return str(MODEL_DIR)
+
+
+@pytest.fixture(scope="package")
+def kv_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("smollm2-kv")
+
+
+@pytest.fixture(scope="package")
+def cluster(smollm2, kv_dir, tmp_path_factory) -> LocalCluster:
+    # Another suite's workers may still be exiting; if the RAM never comes, SGLang's own refusal says so in the log.
+    until(lambda: psutil.virtual_memory().available >= NEEDED_GIB * 2**30, 300, 1.0)
+    local = LocalCluster(spec(kv_dir), tmp_path_factory.mktemp("smollm2-logs"))
+    local.start()
+    try:
+        local.wait_ready()
+    except BaseException:  # an interrupt too: never leave a cluster behind
+        local.stop(timeout=60)
+        for process in local.processes.values():
+            print(f"----- {process.name} -----\n{process.tail(40)}", file=sys.stderr)
+        raise
+    yield local
+    local.stop(timeout=60)
+
+
+@pytest.fixture(scope="package")
+def router(cluster) -> httpx.Client:
+    with httpx.Client(base_url=cluster.router_url, timeout=300) as client:
+        yield client
+
+
+@pytest.fixture(scope="package")
+def reference(smollm2) -> ReferenceModel:
+    return ReferenceModel(smollm2)
+
+
+def healthy_workers(router: httpx.Client) -> set[str]:
+    try:
+        return {w["worker_id"] for w in router.get("/ready", timeout=5).json()["workers"] if w["healthy"]}
+    except (httpx.HTTPError, ValueError, KeyError):
+        return set()
+
+
+def restart_prefill(cluster: LocalCluster, router: httpx.Client) -> float:
+    """SIGTERM the prefill (its launcher deregisters it; SGLang's memory is gone), start it again, and wait until the
+    router pairs it again. Returns the seconds it took."""
+    process, worker_id = cluster.processes["prefill-0"], f"prefill-127.0.0.1-{PREFILL_PORT}"
+    started = time.monotonic()
+    process.signal(signal.SIGTERM)
+    process.popen.wait(timeout=120)
+    assert until(lambda: worker_id not in healthy_workers(router), 60), "the router still lists the stopped prefill"
+    process.start()
+    assert until(lambda: worker_id in healthy_workers(router) or not process.running, 600, 0.5), process.tail(40)
+    assert process.running, f"the prefill exited after its restart:\n{process.tail(40)}"
+    return time.monotonic() - started

@@ -1,0 +1,27 @@
+"""pdcluster.models: which model a worker serves when a config's is overridden (make up MODEL=..., the fast suites)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pdcluster.local import LocalCluster, LocalSpec
+from pdcluster.models import DEMO_ARGS, model_args
+
+
+def test_a_local_folder_is_served_under_its_name_and_a_hub_id_under_the_id(demo_model):
+    assert model_args("models/tiny-llama") == ["--model-path", "models/tiny-llama", "--served-model-name", "tiny-llama"]
+    assert model_args("HuggingFaceTB/SmolLM2-360M-Instruct")[-1] == "HuggingFaceTB/SmolLM2-360M-Instruct"
+    assert DEMO_ARGS[-2:] == ["--max-total-tokens", "65536"]  # the demo model's pool as before SmolLM2's profile
+
+
+def test_group_args_override_the_config_file_for_every_worker_of_the_group(tmp_path: Path):
+    spec = LocalSpec.model_validate({
+        "bootstrap": {"config": "configs/bootstrap.yaml"}, "router": {"config": "configs/router.yaml"},
+        "prefill": {"config": "configs/prefill.yaml", "args": DEMO_ARGS, "count": 2, "first_port": 30100},
+        "decode": {"config": "configs/decode.yaml", "first_port": 30200}})
+    cluster = LocalCluster(spec, tmp_path)
+    for name in ("prefill-0", "prefill-1"):
+        command = cluster.processes[name].command
+        # after --config, so the launcher takes them over the file (command line > file)
+        assert command[command.index("--config") + 2:][:len(DEMO_ARGS)] == DEMO_ARGS
+    assert "--model-path" not in cluster.processes["decode-0"].command  # the file's model: SmolLM2
