@@ -2,8 +2,8 @@
 
 import sys
 
-from prefill import plan
 from pdcluster.worker import cli
+from prefill import plan
 
 
 def main(argv: list[str] | None = None) -> int:
