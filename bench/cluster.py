@@ -27,8 +27,8 @@ from pathlib import Path
 
 from bench import cluster_plot, cluster_report, idle, report, serving
 from bench import cluster_targets as targets
-from pdcluster.local import REPO
 
+REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
 RESULTS = Path(__file__).resolve().parent / "results"
 # The SLO behind goodput: a request counts if its first token came within TTFT and every later one within TPOT on
 # average. Chosen for this model on this machine: about 4x the unloaded values (PD: TTFT ~155 ms, TPOT ~25 ms one

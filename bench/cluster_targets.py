@@ -18,9 +18,10 @@ import psutil
 import yaml
 
 from bench import procs
-from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 from pdcluster.worker import plan
 
+REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
 MODEL = "models/tiny-llama"
 # 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), chaos (38xxx), persistence (29xxx).
 PORTS = {"router": 27000, "bootstrap": 27998, "prefill": 27100, "kv_bootstrap": 27300, "decode": 27200,
