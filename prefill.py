@@ -2,8 +2,7 @@
 
 import sys
 
-from pdcluster.protocol import Role
-from pdcluster.worker.cli import main
+from prefill.__main__ import main  # the package prefill/, not this file: a folder wins over a module
 
 if __name__ == "__main__":
-    sys.exit(main(Role.PREFILL))
+    sys.exit(main())

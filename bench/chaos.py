@@ -49,8 +49,10 @@ from bench.chaos_faults import Chaos, clean_iptables
 from bench.chaos_load import Load, build_prompts
 from bench.chaos_probes import Probes
 from bench.chaos_report import draw, dump, summarize, timeline
-from pdcluster.local import REPO, LocalCluster
+from pdcluster.local import LocalCluster
 from tests.e2e.reference import ReferenceModel
+
+REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from bench import cluster_plot, cluster_report, idle, report, serving
 from bench import cluster_targets as targets
-from pdcluster.local import REPO
 
+REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
 RESULTS = Path(__file__).resolve().parent / "results"
 # The SLO behind goodput (a request counts if its first token came within TTFT and every later one within TPOT on
 # average) is the model's: cluster_targets.MODELS.

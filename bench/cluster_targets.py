@@ -19,8 +19,10 @@ import yaml
 
 from bench import procs
 from pdcluster import models
-from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 from pdcluster.worker import plan
+
+REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,10 @@ import httpx
 import psutil
 import yaml
 
-from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 from pdcluster.models import SMOLLM2
+
+REPO = Path(__file__).resolve().parent.parent  # `python -m bench.persistence` runs from the checkout's root
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path("/tmp/pdcluster-bench-persistence")

@@ -1,6 +1,14 @@
+"""`python -m decode` and the `pdcluster-decode` script: the shared worker launcher with the decode's rules."""
+
 import sys
 
-from pdcluster.protocol import Role
-from pdcluster.worker.cli import main
+from decode import plan
+from pdcluster.worker import cli
 
-sys.exit(main(Role.DECODE))
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main(plan, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

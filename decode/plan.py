@@ -11,8 +11,11 @@ import argparse
 from typing import Any
 
 from pdcluster.config_file import ConfigError
+from pdcluster.protocol import Role
 from pdcluster.worker.options import SGLangOptions
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
+
+ROLE = Role.DECODE
 
 # The decode's part of the CPU profile (the rest is in pdcluster/worker/plan.py).
 CPU_FLAGS = {"disaggregation-decode-retraction-backup": "cpu_tensor"}  # else "Torch not compiled with CUDA"

@@ -1,7 +1,9 @@
 """The whole cluster on one machine: bootstrap service, N prefills, M decodes and the router as child processes.
 
 `make up` runs it; the end-to-end tests drive the same class. Every component is started through its public entry
-point (`python -m bootstrap`, `python prefill.py`, `python decode.py`, `python -m router`), as in docker compose.
+point (`python -m bootstrap`, `python -m prefill`, `python -m decode`, `python -m router`), which a checkout and an
+installed wheel both have. Relative paths (the spec's configs and log_dir, the model paths in the workers' configs)
+are relative to the directory the cluster is started from, as for each component's own command.
 
 Once the cluster is ready, `supervise()` starts a thread that restarts any component that exits without being asked
 to, with the backoff of pdcluster/restarts.py (1 s, doubling, capped at 30 s; a crash loop is reported and held at
@@ -32,7 +34,6 @@ from pdcluster.config_file import ConfigError, fail, load_model, load_yaml
 from pdcluster.models import model_args
 from pdcluster.restarts import Backoff, RestartPolicy
 
-REPO = Path(__file__).resolve().parent.parent
 # Signals that mean "stop": a process sent one through Process.signal was asked to go, and is not restarted.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGKILL, signal.SIGQUIT})
 
@@ -67,7 +68,7 @@ class LocalSpec(BaseModel):
     def _port(self, component: ComponentSpec, default: int) -> int:
         if component.port:
             return component.port
-        return int(load_yaml(REPO / component.config).get("port", default))
+        return int(load_yaml(component.config).get("port", default))
 
     @property
     def bootstrap_url(self) -> str:
@@ -107,7 +108,7 @@ class Process:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child gets its own copy; ours is closed below
         log.write(f"\n===== {time.strftime('%H:%M:%S')} {' '.join(self.command)}\n".encode())
         log.flush()
-        self.popen = subprocess.Popen(self.command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        self.popen = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True)
         log.close()  # the child has its own copy
         self.exit_seen = False
@@ -150,11 +151,11 @@ class LocalCluster:
                                 "--port", s.bootstrap_url.rsplit(":", 1)[1]])
         cluster = ["--cluster", f"bootstrap_url={s.bootstrap_url}"]
         for i in range(s.prefill.count):
-            self._add(f"prefill-{i}", [py, "prefill.py", "--config", s.prefill.config, *s.prefill.args, *cluster,
+            self._add(f"prefill-{i}", [py, "-m", "prefill", "--config", s.prefill.config, *s.prefill.args, *cluster,
                                        "--port", str(s.prefill.first_port + i),
                                        "--disaggregation-bootstrap-port", str(s.prefill.first_kv_bootstrap_port + i)])
         for i in range(s.decode.count):
-            self._add(f"decode-{i}", [py, "decode.py", "--config", s.decode.config, *s.decode.args, *cluster,
+            self._add(f"decode-{i}", [py, "-m", "decode", "--config", s.decode.config, *s.decode.args, *cluster,
                                       "--port", str(s.decode.first_port + i)])
         self._add("router", [py, "-m", "router", "--config", s.router.config, "--host", s.router.host,
                              "--port", s.router_url.rsplit(":", 1)[1], "--bootstrap-url", s.bootstrap_url])
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         for group in (spec.prefill, spec.decode):
             group.args += model_args(args.model)
     try:
-        cluster = LocalCluster(spec, REPO / spec.log_dir)
+        cluster = LocalCluster(spec, Path(spec.log_dir).resolve())
     except ConfigError as exc:  # a component's config file, read for its port
         fail("pdcluster.local", str(exc))
     stopping = False

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
 SMOLLM2 = "models/smollm2-135m-instruct"
 DEMO = "models/tiny-llama"
 
 
 def model_args(model: str) -> list[str]:
-    """SGLang options that serve `model` (a folder, relative to the repository or absolute, or a hub id on a connected
-    machine) instead of a worker config's own: its path and the name clients ask for (the folder's name, or the id)."""
-    name = Path(model).name if (REPO / model).expanduser().is_dir() else model
+    """SGLang options that serve `model` (a folder, relative to the working directory or absolute, or a hub id on a
+    connected machine) instead of a worker config's own: its path and the name clients ask for (the folder's name, or
+    the id)."""
+    name = Path(model).name if Path(model).expanduser().is_dir() else model
     return ["--model-path", model, "--served-model-name", name]
 
 

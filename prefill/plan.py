@@ -11,10 +11,12 @@ import argparse
 from typing import Any
 
 from pdcluster.config_file import ConfigError
-from pdcluster.protocol import BOOTSTRAP_SERVICE_PORT
+from pdcluster.protocol import BOOTSTRAP_SERVICE_PORT, Role
 from pdcluster.worker import checks
 from pdcluster.worker.options import SGLangOptions
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
+
+ROLE = Role.PREFILL
 
 # The prefill's part of the CPU profile (the rest is in pdcluster/worker/plan.py).
 CPU_FLAGS = {"disable-overlap-schedule": True}  # else "dummy base class Event" on a prefix-cache hit

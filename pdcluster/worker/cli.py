@@ -1,19 +1,28 @@
-"""`python prefill.py|decode.py --config FILE [--dry-run] [--sglang-option value ...]`."""
+"""`python prefill.py|decode.py --config FILE [--dry-run] [--sglang-option value ...]`.
+
+Every way to start a worker (`python prefill.py`, `python -m prefill`, the `pdcluster-prefill` script) ends here, with
+the role's rules (`prefill/plan.py` or `decode/plan.py`) passed in by the role's own entry point.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from typing import TYPE_CHECKING
 
 from pdcluster.config_file import ConfigError
 from pdcluster.logs import setup_logging
-from pdcluster.protocol import Role
+
+if TYPE_CHECKING:
+    from pdcluster.worker.plan import RoleRules
 
 
-def main(role: Role, argv: list[str] | None = None) -> int:
+def main(rules: RoleRules, argv: list[str] | None = None) -> int:
+    role = rules.ROLE
     parser = argparse.ArgumentParser(
-        prog=f"{role.value}.py",
+        prog=_prog(role.value),
         allow_abbrev=False,  # SGLang's flags share prefixes with ours; never guess which one was meant
         description=f"Start an SGLang {role.value} worker of a pdcluster. Any other --option is SGLang's.",
     )
@@ -27,7 +36,7 @@ def main(role: Role, argv: list[str] | None = None) -> int:
     from pdcluster.worker.plan import build_plan  # after argparse, so --help stays instant
 
     try:
-        plan = build_plan(role, args.config, overrides, cluster_overrides=_key_values(args.cluster))
+        plan = build_plan(rules, args.config, overrides, cluster_overrides=_key_values(args.cluster))
     except ConfigError as exc:
         print(f"{role.value}: error: {exc}", file=sys.stderr)
         return 2
@@ -45,6 +54,12 @@ def main(role: Role, argv: list[str] | None = None) -> int:
         registrar.stop()
     logging.info("SGLang %s exited with status %s", role.value, code)
     return code
+
+
+def _prog(role: str) -> str:
+    """How the user started it: `prefill.py`, `pdcluster-prefill`, or `python -m prefill` (argv[0]: __main__.py)."""
+    name = os.path.basename(sys.argv[0])
+    return f"python -m {role}" if name in ("__main__.py", "", "-c") else name
 
 
 def _key_values(pairs: list[str]) -> dict[str, str | None]:

@@ -2,8 +2,9 @@
 
 `build_plan` takes the same steps for both roles, with what they share: the CPU profile, the kv_store wiring and the
 checks of checks.py. What one role adds (its part of the CPU profile, its kv_store options and checks, its KV
-bootstrap server) is in its own folder, prefill/plan.py or decode/plan.py: a `RoleRules`. Order of precedence for
-every SGLang option: command line > config file > the defaults applied here and by the role.
+bootstrap server) is in its own folder, prefill/plan.py or decode/plan.py: a `RoleRules`, which the role's entry point
+passes in. This module never imports its users, so `pdcluster` stands on its own. Order of precedence for every SGLang
+option: command line > config file > the defaults applied here and by the role.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-import decode.plan
-import prefill.plan
 from pdcluster.config_file import ConfigError, load_yaml, validation_message
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration
 from pdcluster.worker import checks
@@ -31,6 +30,7 @@ from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
 class RoleRules(Protocol):
     """What differs between the roles. The modules prefill/plan.py and decode/plan.py are its two implementations."""
 
+    ROLE: Role
     CPU_FLAGS: dict[str, Any]  # the role's part of the CPU profile: SGLang options, set when no source sets them
     CPU_ENV: dict[str, str]  # ... and environment
     EXTRA_TRANSFER_BACKENDS: frozenset[str]  # what it accepts besides Mooncake
@@ -53,8 +53,7 @@ class RoleRules(Protocol):
         """The port of the role's SGLang KV bootstrap server (one it chose is set in `options`); None: it runs none."""
 
 
-ROLES: dict[Role, RoleRules] = {Role.PREFILL: prefill.plan, Role.DECODE: decode.plan}
-
+# Package data (pyproject.toml), so it is there in an installed wheel as in a checkout.
 CPU_SHIM_DIR = Path(__file__).resolve().parent.parent / "cpu_shim"
 MOONCAKE_BACKENDS = {"mooncake", "mooncake_tcp"}
 
@@ -117,9 +116,9 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def build_plan(role: Role, config_path: str | None, overrides: list[str], env: dict[str, str] | None = None,
+def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], env: dict[str, str] | None = None,
                cluster_overrides: dict[str, str | None] | None = None) -> LaunchPlan:
-    rules = ROLES[role]
+    role = rules.ROLE
     raw = load_yaml(config_path) if config_path else {}
     cluster = _cluster_settings(raw.pop("cluster", None) or {}, cluster_overrides)
 

@@ -16,11 +16,13 @@ import httpx
 import psutil
 import pytest
 
-from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
+from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
 from pdcluster.models import DEMO_ARGS
 from tests.e2e.reference import ReferenceModel
 from tests.fakes import until
 
+# The cluster's relative paths are relative to the working directory: the tests run from the checkout's root.
+REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "models" / "tiny-llama"
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdcluster.local import REPO
 from tests.e2e.conftest import listing, used_tokens, wait_for
 from tests.e2e.prompts import prompt_of_about
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

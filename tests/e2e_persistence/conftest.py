@@ -28,10 +28,13 @@ import psutil
 import pytest
 import yaml
 
-from pdcluster.local import REPO, ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 from tests.e2e.conftest import demo_model, kill_tree, reference, wait_for  # noqa: F401 - fixtures shared by import
 from tests.e2e.prompts import SENTENCES
 from tests.e2e.reference import Reference, ReferenceModel
+
+# The cluster's relative paths are relative to the working directory: the tests run from the checkout's root.
+REPO = Path(__file__).resolve().parents[2]
 
 BOOTSTRAP_PORT, ROUTER_PORT, PREFILL_PORT, KV_BOOTSTRAP_PORT, DECODE_PORT = 28998, 28000, 28100, 29100, 28200
 PAGE = 64  # kv_store's page size: only whole pages are stored

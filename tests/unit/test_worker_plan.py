@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
+import decode.plan
+import prefill.plan
 from pdcluster.protocol import Role
 from pdcluster.worker.options import ConfigError
 from pdcluster.worker.plan import CPU_SHIM_DIR, build_plan
 
 REPO = Path(__file__).resolve().parents[2]
+RULES = {Role.PREFILL: prefill.plan, Role.DECODE: decode.plan}  # what each role's entry point passes the launcher
 
 
 @pytest.fixture
@@ -33,7 +36,7 @@ def write_config(tmp_path: Path, text: str) -> str:
 
 def plan(tmp_path, model_dir, yaml_text="", overrides=(), role=Role.PREFILL, device="cpu"):
     config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\n{yaml_text}\ncluster:\n  device: {device}\n")
-    return build_plan(role, config, list(overrides), env={"PATH": "/usr/bin"})
+    return build_plan(RULES[role], config, list(overrides), env={"PATH": "/usr/bin"})
 
 
 def argv_value(command: list[str], flag: str) -> str:
@@ -122,7 +125,7 @@ def kv_plan(tmp_path, model_dir, kv=None, yaml_text="", role=Role.PREFILL, devic
     kv = {"dir": str(tmp_path / "kv"), **(kv or {})}
     config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\n{yaml_text}\ncluster:\n  device: {device}\n"
                                     f"  kv_store: {json.dumps(kv)}\n")
-    return build_plan(role, config, list(overrides), env={"PATH": "/usr/bin"})
+    return build_plan(RULES[role], config, list(overrides), env={"PATH": "/usr/bin"})
 
 
 def sglang_part(command: list[str]) -> list[str]:
@@ -188,9 +191,9 @@ def test_kv_store_options_stay_overridable(tmp_path, model_dir):
 def test_kv_store_from_the_command_line(tmp_path, model_dir):
     config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
     kv = str(tmp_path / "cli-kv")
-    p = build_plan(Role.PREFILL, config, [], env={}, cluster_overrides={"kv_store": kv, "kv_store.max_size": "2KiB"})
+    p = build_plan(prefill.plan, config, [], env={}, cluster_overrides={"kv_store": kv, "kv_store.max_size": "2KiB"})
     assert argv_value(p.command, "--dir") == kv and p.env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == "2048"
-    off = build_plan(Role.PREFILL, config, [], env={}, cluster_overrides={"kv_store": None})
+    off = build_plan(prefill.plan, config, [], env={}, cluster_overrides={"kv_store": None})
     assert "--enable-hierarchical-cache" not in off.command and "PDCLUSTER_CPU_HICACHE" not in off.env
 
 

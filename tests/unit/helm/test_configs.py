@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import re
 from pathlib import Path
 
@@ -58,7 +59,6 @@ def expand(text: str, env: dict[str, str]) -> str:
 def launch_plan(docs: list[dict], role: str, app_dir: Path):
     """What the pod's command would start: its ConfigMap written where the pod mounts it (under app_dir), its command
     run through the launcher's own parsing and validation (build_plan, as `--dry-run` does), from the WORKDIR."""
-    from pdcluster.protocol import Role
     from pdcluster.worker.cli import _key_values
     from pdcluster.worker.plan import build_plan
 
@@ -81,7 +81,8 @@ def launch_plan(docs: list[dict], role: str, app_dir: Path):
     path = app_dir / args.config.lstrip("/")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(configmap["data"][Path(args.config).name])
-    plan = build_plan(Role(role), str(path), overrides, env=env, cluster_overrides=_key_values(args.cluster))
+    rules = importlib.import_module(f"{role}.plan")  # what `python {role}.py` passes the launcher
+    plan = build_plan(rules, str(path), overrides, env=env, cluster_overrides=_key_values(args.cluster))
     return plan, pod_name
 
 
