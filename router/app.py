@@ -82,7 +82,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         worker: Worker = decodes[0]
         try:
             upstream = await state["client"].get(f"{worker.url}{path}", timeout=10.0)
-        except httpx.HTTPError as exc:
+        except httpx.HTTPError:
             raise ApiError(502, f"decode {worker.worker_id} did not answer") from None
         return Response(upstream.content, status_code=upstream.status_code,
                         media_type=upstream.headers.get("content-type", "application/json"))
@@ -108,7 +108,8 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         ok, detail = pool.readiness()
         workers = [
             {"worker_id": w.worker_id, "role": w.role.value, "url": w.url, "healthy": w.healthy,
-             "breaker": w.breaker.state.name.lower(), "in_flight": w.in_flight, "incompatible": w.incompatible}
+             "unusable": w.unusable(), "breaker": w.breaker.state.name.lower(), "in_flight": w.in_flight,
+             "incompatible": w.incompatible}
             for w in pool.workers.values()
         ]
         return JSONResponse({"ready": ok, "detail": detail, "workers": workers}, status_code=200 if ok else 503)

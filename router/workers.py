@@ -42,6 +42,20 @@ class Worker:
     def healthy(self) -> bool:
         return self.registry_healthy and self.probe_healthy and self.alive
 
+    def unusable(self) -> str:
+        """Why this worker gets no new request now, or "" if it may. The one place where that is decided; its
+        inputs are kept by the registry (registry_healthy), the health probes (probe_healthy), liveness (alive) and
+        the circuit breaker."""
+        if not self.registry_healthy:
+            return "unhealthy in the registry (its launcher's health check)"
+        if not self.probe_healthy:
+            return f"failed {self.failed_probes} health checks of the router"
+        if not self.alive:
+            return "hung (liveness)"
+        if not self.breaker.allows():
+            return f"circuit breaker {self.breaker.state.name.lower()}"
+        return ""
+
     @classmethod
     def from_static(cls, role: Role, spec: StaticWorker, index: int) -> Worker:
         url = str(spec.url).rstrip("/")
