@@ -108,7 +108,8 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         ok, detail = pool.readiness()
         workers = [
             {"worker_id": w.worker_id, "role": w.role.value, "url": w.url, "healthy": w.healthy,
-             "unusable": w.unusable(), "breaker": w.breaker.state.name.lower(), "in_flight": w.in_flight,
+             "draining": w.draining, "unusable": w.unusable(), "breaker": w.breaker.state.name.lower(),
+             "in_flight": w.in_flight,
              "incompatible": w.incompatible}
             for w in pool.workers.values()
         ]

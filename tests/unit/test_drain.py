@@ -1,0 +1,76 @@
+"""Drain on demand: an operator takes a worker out of the routers' pools without stopping it (the registry keeps the
+mark, also when the worker registers again), the router sends it nothing new while what it has finishes, and puts it
+back on resume."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+from fastapi.testclient import TestClient
+
+from bootstrap.app import create_app as create_bootstrap
+from bootstrap.config import BootstrapConfig
+from bootstrap.status import format_table
+from pdcluster.protocol import WorkerListing
+from router.app import create_app
+from router.config import RouterConfig
+from tests.fakes import Behaviour, FakeWorker, ServerThread, until
+from tests.unit.test_bootstrap_service import registration
+
+
+def test_the_registry_marks_a_drained_worker_until_resumed_also_across_re_registration():
+    with TestClient(create_bootstrap(BootstrapConfig(token="s3cret"))) as c:
+        auth = {"Authorization": "Bearer s3cret"}
+        assert c.put("/v1/workers/d1", json=registration("d1"), headers=auth).status_code == 200
+        assert c.post("/v1/workers/d1/drain").status_code == 401  # a write: it needs the token
+        assert c.post("/v1/workers/nobody/drain", headers=auth).status_code == 404
+        assert c.post("/v1/workers/d1/drain", headers=auth).json() == {"worker_id": "d1", "draining": True}
+        assert c.get("/v1/workers").json()["workers"][0]["draining"] is True
+        assert c.put("/v1/workers/d1", json=registration("d1"), headers=auth).status_code == 200  # it restarted
+        listing = c.get("/v1/workers").json()
+        assert listing["workers"][0]["draining"] is True
+        assert "draining" in format_table(WorkerListing.model_validate(listing))
+        assert c.delete("/v1/workers/d1/drain", headers=auth).json()["draining"] is False
+        assert c.get("/v1/workers").json()["workers"][0]["draining"] is False
+
+
+def test_a_drained_decode_finishes_its_stream_gets_nothing_new_and_comes_back_on_resume():
+    decodes = [FakeWorker(Behaviour(chunks=30, chunk_delay=0.05)), FakeWorker(Behaviour(chunks=30, chunk_delay=0.05))]
+    prefill = FakeWorker()
+    with ServerThread(create_bootstrap(BootstrapConfig())) as service, ServerThread(prefill.app()) as p, \
+            ServerThread(decodes[0].app()) as d0, ServerThread(decodes[1].app()) as d1:
+        for worker_id, role, url in (("p", "prefill", p.url), ("d0", "decode", d0.url), ("d1", "decode", d1.url)):
+            assert httpx.put(f"{service.url}/v1/workers/{worker_id}",
+                             json=registration(worker_id, role) | {"url": url}).status_code == 200
+        config = RouterConfig(bootstrap_url=service.url, health_interval=0.2, expose_worker_ids=True)
+        with ServerThread(create_app(config)) as router:
+            assert until(lambda: httpx.get(f"{router.url}/ready").status_code == 200)
+            events: list[str] = []
+
+            def stream() -> None:
+                with httpx.stream("POST", f"{router.url}/generate", json={"text": "a", "stream": True},
+                                  timeout=30) as r:
+                    assert r.headers["x-pdcluster-decode"] == "d0"
+                    events.extend(line for line in r.iter_lines() if line.startswith("data:"))
+
+            streamer = threading.Thread(target=stream)
+            streamer.start()
+            assert until(lambda: len(decodes[0].received) == 1)
+            assert httpx.post(f"{service.url}/v1/workers/d0/drain").status_code == 200
+            assert until(lambda: _worker(router.url, "d0")["draining"])
+            assert _worker(router.url, "d0")["unusable"].startswith("draining")
+            served = {httpx.post(f"{router.url}/generate", json={"text": "b"}, timeout=10).headers[
+                "x-pdcluster-decode"] for _ in range(6)}
+            streamer.join(30)
+            assert served == {"d1"}  # nothing new went to the drained decode...
+            assert events[-1] == "data: [DONE]"  # ... and the stream it had ran to its end
+            assert httpx.delete(f"{service.url}/v1/workers/d0/drain").status_code == 200
+            assert until(lambda: not _worker(router.url, "d0")["draining"])
+            served = {httpx.post(f"{router.url}/generate", json={"text": "c"}, timeout=10).headers[
+                "x-pdcluster-decode"] for _ in range(4)}
+            assert served == {"d0", "d1"}
+
+
+def _worker(url: str, worker_id: str) -> dict:
+    return next(w for w in httpx.get(f"{url}/ready").json()["workers"] if w["worker_id"] == worker_id)
