@@ -74,3 +74,16 @@ def test_a_drained_decode_finishes_its_stream_gets_nothing_new_and_comes_back_on
 
 def _worker(url: str, worker_id: str) -> dict:
     return next(w for w in httpx.get(f"{url}/ready").json()["workers"] if w["worker_id"] == worker_id)
+
+
+def test_a_router_started_under_load_serves_its_pool_from_its_first_request():
+    """A router killed and started again must not answer 503 while it learns its workers: it starts listening only
+    once it has the registry's listing (Dynamo #4904: a frontend that never finds its workers again)."""
+    prefill, decode = FakeWorker(), FakeWorker()
+    with ServerThread(create_bootstrap(BootstrapConfig())) as service, ServerThread(prefill.app()) as p, \
+            ServerThread(decode.app()) as d:
+        for worker_id, role, url in (("p", "prefill", p.url), ("d", "decode", d.url)):
+            httpx.put(f"{service.url}/v1/workers/{worker_id}", json=registration(worker_id, role) | {"url": url})
+        for _ in range(3):  # started, stopped and started again
+            with ServerThread(create_app(RouterConfig(bootstrap_url=service.url))) as router:
+                assert httpx.post(f"{router.url}/generate", json={"text": "first"}, timeout=10).status_code == 200
