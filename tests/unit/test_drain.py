@@ -4,9 +4,12 @@ back on resume."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 
 import httpx
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from bootstrap.app import create_app as create_bootstrap
@@ -78,12 +81,23 @@ def _worker(url: str, worker_id: str) -> dict:
 
 def test_a_router_started_under_load_serves_its_pool_from_its_first_request():
     """A router killed and started again must not answer 503 while it learns its workers: it starts listening only
-    once it has the registry's listing (Dynamo #4904: a frontend that never finds its workers again)."""
+    once it has the registry's listing (Dynamo #4904: a frontend that never finds its workers again). The registry
+    here takes a second to answer, as a busy one may."""
     prefill, decode = FakeWorker(), FakeWorker()
-    with ServerThread(create_bootstrap(BootstrapConfig())) as service, ServerThread(prefill.app()) as p, \
-            ServerThread(decode.app()) as d:
-        for worker_id, role, url in (("p", "prefill", p.url), ("d", "decode", d.url)):
-            httpx.put(f"{service.url}/v1/workers/{worker_id}", json=registration(worker_id, role) | {"url": url})
-        for _ in range(3):  # started, stopped and started again
-            with ServerThread(create_app(RouterConfig(bootstrap_url=service.url))) as router:
-                assert httpx.post(f"{router.url}/generate", json={"text": "first"}, timeout=10).status_code == 200
+    with ServerThread(prefill.app()) as p, ServerThread(decode.app()) as d:
+        now = time.time()
+        rows = [{"registration": registration(worker_id, role) | {"url": url}, "healthy": True,
+                 "registered_at": now, "last_heartbeat": now} for worker_id, role, url in
+                (("p", "prefill", p.url), ("d", "decode", d.url))]
+        slow = FastAPI()
+
+        @slow.get("/v1/workers")
+        async def workers() -> dict:
+            await asyncio.sleep(1.0)
+            return {"version": 1, "ttl_seconds": 5, "uptime_seconds": 100, "workers": rows}
+
+        with ServerThread(slow) as service:
+            for _ in range(2):  # started, stopped and started again
+                with ServerThread(create_app(RouterConfig(bootstrap_url=service.url))) as router:
+                    answer = httpx.post(f"{router.url}/generate", json={"text": "first"}, timeout=10)
+                    assert answer.status_code == 200, answer.text
