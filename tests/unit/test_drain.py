@@ -101,3 +101,33 @@ def test_a_router_started_under_load_serves_its_pool_from_its_first_request():
                 with ServerThread(create_app(RouterConfig(bootstrap_url=service.url))) as router:
                     answer = httpx.post(f"{router.url}/generate", json={"text": "first"}, timeout=10)
                     assert answer.status_code == 200, answer.text
+
+
+def test_an_idle_worker_is_probed_seldom_and_a_busy_one_every_health_interval():
+    """Each SGLang /health is a one-token generation: an idle cluster probed every second spent most of its idle CPU
+    on them. Busy (a request of ours in flight), a worker's /health is what tells a stuck scheduler."""
+    probes: list[float] = []
+
+    class Counting(FakeWorker):
+        def app(self):
+            app = super().app()
+
+            @app.middleware("http")
+            async def count(request, call_next):
+                if request.url.path == "/health":
+                    probes.append(time.monotonic())
+                return await call_next(request)
+            return app
+
+    decode = Counting(Behaviour(chunks=40, chunk_delay=0.05))
+    with ServerThread(FakeWorker().app()) as p, ServerThread(decode.app()) as d:
+        config = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "kv_bootstrap_port": 8999}],
+                              decode=[{"url": d.url}], health_interval=0.2, idle_health_interval=3.0)
+        with ServerThread(create_app(config)) as router:
+            time.sleep(2.5)
+            idle_probes = len(probes)
+            started = time.monotonic()
+            httpx.post(f"{router.url}/generate", json={"text": "s", "stream": True}, timeout=30)  # ~2 s of stream
+            busy = [t for t in probes if t >= started]
+    assert idle_probes <= 2, idle_probes  # the first one, and at most one more in 2.5 s
+    assert len(busy) >= 5, len(busy)
