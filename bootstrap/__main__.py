@@ -1,4 +1,6 @@
-"""`python -m bootstrap [--config configs/bootstrap.yaml]` runs the service; `python -m bootstrap status` lists it."""
+"""`python -m bootstrap [--config configs/bootstrap.yaml]` runs the service; `python -m bootstrap status` lists it;
+`python -m bootstrap drain WORKER_ID` takes a worker out of the routers' pools without stopping it, and `resume
+WORKER_ID` puts it back."""
 
 from __future__ import annotations
 
@@ -12,21 +14,29 @@ def main(argv: list[str] | None = None) -> int:
     from bootstrap.config import BootstrapConfig
 
     parser = argparse.ArgumentParser(prog="python -m bootstrap")
-    parser.add_argument("command", nargs="?", choices=["serve", "status"], default="serve")
+    parser.add_argument("command", nargs="?", choices=["serve", "status", "drain", "resume"], default="serve")
+    parser.add_argument("worker_id", nargs="?", help="for drain and resume: the worker's id (see status)")
     parser.add_argument("--config", help="YAML file with the bootstrap service's settings")
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
-    parser.add_argument("--url", help="for status: the service's URL (default: from the config)")
+    parser.add_argument("--url", help="for status, drain, resume: the service's URL (default: from the config)")
     parser.add_argument("--dry-run", action="store_true", help="validate the config, print it, and exit")
     args = parser.parse_args(argv)
     config = load_model(BootstrapConfig, args.config, {"host": args.host, "port": args.port}, prog="bootstrap")
     if args.dry_run:
         print(config.model_dump_json(indent=2))
         return 0
+    url = args.url or f"http://{config.host}:{config.port}"
     if args.command == "status":
         from bootstrap.status import print_status
 
-        return print_status(args.url or f"http://{config.host}:{config.port}")
+        return print_status(url)
+    if args.command in ("drain", "resume"):
+        from bootstrap.status import set_draining
+
+        if not args.worker_id:
+            parser.error(f"{args.command} needs a worker id")
+        return set_draining(url, args.worker_id, args.command == "drain", config.resolved_token())
 
     import uvicorn
 

@@ -1,6 +1,7 @@
 """HTTP API of the bootstrap service.
 
-Writes (PUT /v1/workers/{id}, POST .../heartbeat, DELETE) need the shared token when one is configured.
+Writes (PUT /v1/workers/{id}, POST .../heartbeat, DELETE, POST and DELETE .../drain) need the shared token when one
+is configured.
 GET /v1/workers lists the registry; with `?wait_version=N` it answers as soon as the version differs from N
 (or after `timeout` seconds), which is how the router follows changes within a fraction of a second.
 """
@@ -72,6 +73,21 @@ def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lamb
         if not await registry.heartbeat(worker_id, beat):
             raise ApiError(404, f"worker {worker_id} is not registered")
         return {"ok": True}
+
+    @app.post("/v1/workers/{worker_id}/drain")
+    async def drain(worker_id: str, request: Request) -> dict:
+        """Take the worker out of the routers' pools: it finishes what it has and gets nothing new."""
+        return await _set_draining(worker_id, request, True)
+
+    @app.delete("/v1/workers/{worker_id}/drain")
+    async def resume(worker_id: str, request: Request) -> dict:
+        return await _set_draining(worker_id, request, False)
+
+    async def _set_draining(worker_id: str, request: Request, draining: bool) -> dict:
+        check_bearer(request, token)
+        if not await registry.set_draining(worker_id, draining):
+            raise ApiError(404, f"worker {worker_id} is not registered")
+        return {"worker_id": worker_id, "draining": draining}
 
     @app.delete("/v1/workers/{worker_id}")
     async def deregister(worker_id: str, request: Request) -> dict:

@@ -30,6 +30,7 @@ class Registry:
         self.started = time.time()
         self.version = int(self.started * 1000)
         self._workers: dict[str, WorkerStatus] = {}
+        self._draining: set[str] = set()  # worker ids an operator took out of the pools (kept across re-registering)
         self._changed = asyncio.Condition()
 
     async def _bump(self) -> None:
@@ -57,6 +58,15 @@ class Registry:
             await self._bump()
         return True
 
+    async def set_draining(self, worker_id: str, draining: bool) -> bool:
+        """Take a registered worker out of the routers' pools (or put it back); False if it is not registered."""
+        if worker_id not in self._workers:
+            return False
+        if (worker_id in self._draining) != draining:
+            (self._draining.add if draining else self._draining.discard)(worker_id)
+            await self._bump()
+        return True
+
     async def deregister(self, worker_id: str) -> bool:
         if self._workers.pop(worker_id, None) is None:
             return False
@@ -77,7 +87,8 @@ class Registry:
         for status in self._workers.values():
             reg = status.registration
             others = [o for o in regs if o.role is not reg.role]
-            row = status.model_copy(update={"incompatible": incompatibility(reg, others)})
+            row = status.model_copy(update={"incompatible": incompatibility(reg, others),
+                                            "draining": reg.worker_id in self._draining})
             if (role is None or reg.role is role) and (model is None or model in (
                     reg.identity.served_model_name, reg.identity.model_path)):
                 rows.append(row)

@@ -1,4 +1,5 @@
-"""`python -m bootstrap status`: the registry as a table."""
+"""`python -m bootstrap status`: the registry as a table; `drain` and `resume`: a worker out of the routers' pools and
+back (the routers follow the registry within a fraction of a second)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def format_table(listing: WorkerListing, now: float | None = None) -> str:
         reg = w.registration
         rows.append((
             reg.role.value, reg.worker_id, reg.base_url, reg.identity.served_model_name,
-            "healthy" if w.healthy else "unhealthy", f"{now - w.registered_at:.0f}s",
+            ("healthy" if w.healthy else "unhealthy") + (", draining" if w.draining else ""),
+            f"{now - w.registered_at:.0f}s",
             w.incompatible or w.detail,
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -33,4 +35,20 @@ def print_status(url: str) -> int:
         print(f"bootstrap: error: cannot read {url}: {exc}", file=sys.stderr)
         return 1
     print(format_table(WorkerListing.model_validate(response.json())))
+    return 0
+
+
+def set_draining(url: str, worker_id: str, draining: bool, token: str | None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    method = "POST" if draining else "DELETE"
+    try:
+        response = httpx.request(method, f"{url.rstrip('/')}/v1/workers/{worker_id}/drain", headers=headers,
+                                 timeout=5)
+    except httpx.HTTPError as exc:
+        print(f"bootstrap: error: cannot reach {url}: {exc}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        print(f"bootstrap: error: {response.status_code}: {response.text}", file=sys.stderr)
+        return 1
+    print(f"{worker_id}: {'draining: no new requests; it finishes what it has' if draining else 'back in the pools'}")
     return 0

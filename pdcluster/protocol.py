@@ -80,6 +80,10 @@ class WorkerStatus(_Strict):
     last_heartbeat: float
     # Why this worker can be paired with no worker of the other role; empty when it can.
     incompatible: str = ""
+    # Taken out of the routers' pools by an operator (`python -m bootstrap drain`): it keeps running and finishes
+    # what it has, but gets no new request until `resume`. Survives the worker's re-registration, not a restart of
+    # the bootstrap service.
+    draining: bool = False
 
 
 class WorkerListing(_Strict):

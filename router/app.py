@@ -15,7 +15,7 @@ from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.discovery import follow_registry
+from router.discovery import FIRST_LISTING_WAIT, follow_registry
 from router.dispatch import Dispatcher
 from router.edge import Edge
 from router.health import probe_forever
@@ -59,7 +59,12 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         state["client"] = client
         tasks = [asyncio.create_task(probe_forever(config, pool, client, upstream))]
         if config.bootstrap_url:
-            tasks.append(asyncio.create_task(follow_registry(config, pool, client)))
+            first_listing = asyncio.Event()
+            tasks.append(asyncio.create_task(follow_registry(config, pool, client, first_listing)))
+            # uvicorn starts listening only once this lifespan has started: a router (re)started under load then
+            # serves from its first request, with the pool the registry knows.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(first_listing.wait(), FIRST_LISTING_WAIT)
         if metrics.multiprocess:
             tasks.append(asyncio.create_task(_sample_every_second(metrics)))
         yield
@@ -82,7 +87,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         worker: Worker = decodes[0]
         try:
             upstream = await state["client"].get(f"{worker.url}{path}", timeout=10.0)
-        except httpx.HTTPError as exc:
+        except httpx.HTTPError:
             raise ApiError(502, f"decode {worker.worker_id} did not answer") from None
         return Response(upstream.content, status_code=upstream.status_code,
                         media_type=upstream.headers.get("content-type", "application/json"))
@@ -108,7 +113,9 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         ok, detail = pool.readiness()
         workers = [
             {"worker_id": w.worker_id, "role": w.role.value, "url": w.url, "healthy": w.healthy,
-             "breaker": w.breaker.state.name.lower(), "in_flight": w.in_flight, "incompatible": w.incompatible}
+             "draining": w.draining, "unusable": w.unusable(), "breaker": w.breaker.state.name.lower(),
+             "in_flight": w.in_flight,
+             "incompatible": w.incompatible}
             for w in pool.workers.values()
         ]
         return JSONResponse({"ready": ok, "detail": detail, "workers": workers}, status_code=200 if ok else 503)

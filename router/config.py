@@ -84,6 +84,9 @@ class RouterConfig(BaseModel):
     breaker_threshold: int = Field(default=5, ge=1)
     breaker_cooldown: float = Field(default=10.0, gt=0)
     health_interval: float = Field(default=1.0, gt=0)
+    # An idle worker (no request of this router in flight, in rotation) is probed this seldom: SGLang answers each
+    # /health with a one-token generation. A hung one is still seen by liveness within liveness_timeout.
+    idle_health_interval: float = Field(default=15.0, gt=0)
     # SGLang's /health runs a one-token generation (>= 1 s, longer under load) and gives up itself after 20 s.
     health_timeout: float = Field(default=25.0, gt=0)
     # Consecutive failed health checks before a worker is ejected; one success readmits it.

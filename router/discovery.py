@@ -18,7 +18,13 @@ from router.workers import WorkerPool
 log = logging.getLogger("pdcluster.router")
 
 
-async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient) -> None:
+FIRST_LISTING_WAIT = 10.0  # seconds a starting router waits for the registry before it serves anyway
+
+
+async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient,
+                          first_listing: asyncio.Event | None = None) -> None:
+    """Keep the pool equal to the registry. `first_listing` is set once the pool holds the registry's workers: a
+    router started (or restarted) under load serves its whole pool from its first request, not a 503."""
     version: int | None = None
     warming_up = False
     headers = {"Authorization": f"Bearer {config.bootstrap_token}"} if config.bootstrap_token else {}
@@ -43,5 +49,7 @@ async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.
             # A young registry has not heard from every live worker yet: add, but don't drop, until it has.
             pool.sync_discovered(listing.workers, remove_missing=not warming_up)
         version = listing.version
+        if first_listing is not None:
+            first_listing.set()
         if warming_up:
             await asyncio.sleep(0.2)

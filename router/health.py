@@ -1,5 +1,6 @@
-"""Health probes: every worker's /health each health_interval, which ejects a worker after unhealthy_threshold
-failures in a row and readmits it on one success; liveness (router/liveness.py) runs beside them.
+"""Health probes: every worker's /health (each health_interval while it works or is out, each idle_health_interval
+while it idles), which ejects a worker after unhealthy_threshold failures in a row and readmits it on one success;
+liveness (router/liveness.py) runs beside them.
 
 SGLang's /health runs a real one-token generation: >= 1 s, longer under load, and it gives up only after 20 s, so
 it cannot tell "slow" from "hung" quickly: that is liveness's job.
@@ -13,6 +14,7 @@ import time
 
 import httpx
 
+from router.breaker import BreakerState
 from router.config import RouterConfig
 from router.liveness import Liveness, LivenessWatch
 from router.upstream import UpstreamClient
@@ -53,23 +55,36 @@ def mark_failed(worker: Worker, threshold: int) -> None:
                                              "failed_checks": worker.failed_probes})
 
 
+def idle(worker: Worker) -> bool:
+    """Nothing of ours on it, and nothing a good probe could end (ejected, a breaker not closed): probed seldom."""
+    busy = worker.in_flight > 0 or worker.pending_prompt_tokens > 0
+    return not busy and worker.healthy and worker.breaker.state is BreakerState.CLOSED
+
+
 async def probe_forever(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient,
                         upstream: UpstreamClient | None = None) -> None:
-    """Probe every worker each health_interval; a slow probe (SGLang's /health generates a token) delays only its
-    own worker's next probe, never the others'. Liveness (router/liveness.py) runs beside it; `upstream`
-    is the data plane's client, whose exchanges with a hung worker are ended."""
+    """Probe each worker's /health: every health_interval while it has requests of ours in flight or is out of
+    rotation (a stuck scheduler is judged by a waiting /health; an ejected worker is readmitted by a good one), every
+    idle_health_interval when it is idle and in (each probe is a generation in SGLang: an idle cluster would spend
+    most of its CPU on them). A slow probe delays only its own worker's next one. Liveness (router/liveness.py) runs
+    beside it; `upstream` is the data plane's client, whose exchanges with a hung worker are ended."""
     running: dict[str, asyncio.Task] = {}
+    sent: dict[str, float] = {}
     watch = LivenessWatch(config, pool, client, upstream)
     liveness = asyncio.create_task(watch.run())
     try:
         while True:
+            now = time.monotonic()
             for worker in list(pool.workers.values()):
                 task = running.get(worker.worker_id)
-                if task is None or task.done():
+                due = sent.get(worker.worker_id, -1e9) + (config.idle_health_interval if idle(worker) else 0.0) <= now
+                if (task is None or task.done()) and due:
+                    sent[worker.worker_id] = now
                     running[worker.worker_id] = asyncio.create_task(
                         probe(worker, client, config, watch.state(worker)))
             for gone in [wid for wid in running if wid not in pool.workers]:
                 running.pop(gone).cancel()
+                sent.pop(gone, None)
             await asyncio.sleep(config.health_interval)
     finally:
         liveness.cancel()

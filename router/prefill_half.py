@@ -7,50 +7,25 @@ from __future__ import annotations
 import asyncio
 
 from router.failures import TRANSPORT_ERRORS, HalfFailed, status_failure, transport_failure
-from router.upstream import ConnectionDropped, UpstreamClient, UpstreamResponse
+from router.upstream import UpstreamClient, UpstreamResponse
 from router.workers import Worker
 
 PREFILL_GRACE = 30.0  # seconds a prefill's answer may trail the decode's before it is cut off
 
 
 class PrefillHalf:
-    """Sent at once on construction (raises one of TRANSPORT_ERRORS if it cannot be); `future` holds its answer."""
+    """Sent on construction, by a task; `future` holds its answer (or its HalfFailed). While the answer is
+    outstanding, its prompt tokens are on the worker's books (router/liveness.py judges a silent worker by them)."""
 
     def __init__(self, client: UpstreamClient, worker: Worker, path: str, body: bytes, headers: dict[str, str],
                  prompt_tokens: int = 0):
         self.client, self.worker, self.path, self.body, self.headers = client, worker, path, body, headers
         self.failure: HalfFailed | None = None
         self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
-        self.future = self._start()
-        self.prompt_tokens = prompt_tokens  # on the worker's books until the answer is in (router/liveness.py)
+        self.prompt_tokens = prompt_tokens
         worker.pending_prompt_tokens += prompt_tokens
+        self.future: asyncio.Future = asyncio.ensure_future(self._send())
         self.future.add_done_callback(self._done)
-
-    def _start(self) -> asyncio.Future:
-        """On a kept-alive connection the answer is followed by callbacks, not a task: a task costs the router ~5%
-        of its CPU."""
-        response = self.client.send_now("POST", self.worker.url, self.path, self.body, self.headers)
-        if response is None:  # no idle connection: connecting takes a task
-            return asyncio.create_task(self._send())
-        outcome = asyncio.get_running_loop().create_future()
-
-        def finished(r: UpstreamResponse) -> None:
-            if outcome.done():
-                return
-            if r.error is None:
-                try:
-                    outcome.set_result(self._payload(r.status, r.body()))
-                except HalfFailed as failure:
-                    outcome.set_exception(failure)
-            elif isinstance(r.error, ConnectionDropped) and r.error.before_response:
-                # The worker had closed that kept-alive connection: resend on a new one.
-                _follow(asyncio.create_task(self._send()), outcome)
-            else:
-                outcome.set_exception(transport_failure(self.worker, r.error))
-
-        response.on_done = finished
-        outcome.add_done_callback(lambda f: response.close() if f.cancelled() else None)
-        return outcome
 
     async def _send(self) -> bytes:
         r = None
@@ -62,11 +37,8 @@ class PrefillHalf:
         finally:
             if r is not None:
                 r.close()
-        return self._payload(r.status, payload)
-
-    def _payload(self, status: int, payload: bytes) -> bytes:
-        if status >= 400:
-            raise status_failure(self.worker, status, payload)
+        if r.status >= 400:
+            raise status_failure(self.worker, r.status, payload)
         return payload
 
     def watch(self, decode: UpstreamResponse) -> None:
@@ -103,18 +75,3 @@ class PrefillHalf:
             cutoff.cancel()
             background.discard(f)
         future.add_done_callback(finished)
-
-
-def _follow(task: asyncio.Task, outcome: asyncio.Future) -> None:
-    """Settle `outcome` as `task` ends; cancelling `outcome` cancels `task`."""
-    def settle(t: asyncio.Task) -> None:
-        if outcome.done():
-            return
-        if t.cancelled():
-            outcome.cancel()
-        elif t.exception() is not None:
-            outcome.set_exception(t.exception())
-        else:
-            outcome.set_result(t.result())
-    task.add_done_callback(settle)
-    outcome.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)

@@ -57,7 +57,7 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
         if (response := self.finished) is not None:
             # Only now, with every byte of `data` parsed: bytes past the end of the answer closed the connection
-            # above, and on_done may send the next request on it. A connection in the pool must be reading.
+            # above, and whoever its end wakes may send the next request on it. A pooled connection must be reading.
             self.finished = None
             self.resume()
             if self.keep_alive and not self.transport.is_closing():
@@ -145,15 +145,6 @@ class UpstreamClient:
                 if not exc.before_response:
                     raise
         return await self._exchange(await self._connect(host, port), message, headers_timeout, on_sent)
-
-    def send_now(self, method: str, base_url: str, path: str, body: bytes = b"",
-                 headers: dict[str, str] | None = None) -> UpstreamResponse | None:
-        """Write the request at once on an idle kept-alive connection and return its response-to-be (follow it
-        with `on_done`), or None when there is no idle connection (then request() must connect). The caller must
-        resend on a new connection if it fails with ConnectionDropped(before_response=True)."""
-        host, port, message = self._message(method, base_url, path, body, headers)
-        conn = self._idle_connection(host, port)
-        return None if conn is None else self._send(conn, message)
 
     def _idle_connection(self, host: str, port: int) -> _Connection | None:
         idle = self._idle.get((host, port))

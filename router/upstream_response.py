@@ -4,7 +4,6 @@ arrives, and the errors an exchange ends with."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # type only: the connection (router/upstream.py) feeds the response
@@ -52,8 +51,6 @@ class UpstreamResponse:
         self._waiter: asyncio.Future | None = None
         self._error: Exception | None = None
         self.done = False  # the whole body has arrived
-        # Called once the body is complete or the exchange failed: lets a caller follow a request without a task.
-        self.on_done: Callable[[UpstreamResponse], None] | None = None
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -62,8 +59,8 @@ class UpstreamResponse:
     def _feed(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
         self._buffered += len(chunk)
-        # Only a consumer that iterates ever takes the buffer before the end: pausing for read() or on_done,
-        # which wait for the end, would wait forever. Their bodies are bounded by what the worker sends.
+        # Only a consumer that iterates ever takes the buffer before the end: pausing for read(), which waits for
+        # the end, would wait forever. Their bodies are bounded by what the worker sends.
         if self._streaming and self._buffered > PAUSE_ABOVE and not self._conn.paused:
             self._conn.paused = True
             self._conn.transport.pause_reading()
@@ -74,18 +71,10 @@ class UpstreamResponse:
         if not self.done and self._error is None:
             self._error, self.done = error, error is None
             self._wake()
-            if self.on_done is not None:
-                self.on_done(self)
 
     @property
     def error(self) -> Exception | None:
         return self._error
-
-    def body(self) -> bytes:
-        """The body received so far (all of it once `done`), without waiting; raises the error if it failed."""
-        if self._error is not None:
-            raise self._error
-        return b"".join(self._take())
 
     def interrupt(self, error: Exception) -> None:
         """Make whoever waits on this response (headers or body) raise `error` now, and drop the connection."""

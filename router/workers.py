@@ -36,11 +36,28 @@ class Worker:
     # before its silence means a stuck scheduler (router/liveness.py).
     pending_prompt_tokens: int = 0
     incompatible: str = ""
+    draining: bool = False  # taken out of the pool by an operator (the registry says so): finishes, takes nothing new
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
     def healthy(self) -> bool:
         return self.registry_healthy and self.probe_healthy and self.alive
+
+    def unusable(self) -> str:
+        """Why this worker gets no new request now, or "" if it may. The one place where that is decided; its
+        inputs are kept by the registry (registry_healthy), the health probes (probe_healthy), liveness (alive) and
+        the circuit breaker."""
+        if self.draining:
+            return "draining (taken out of the pool by an operator: python -m bootstrap resume puts it back)"
+        if not self.registry_healthy:
+            return "unhealthy in the registry (its launcher's health check)"
+        if not self.probe_healthy:
+            return f"failed {self.failed_probes} health checks of the router"
+        if not self.alive:
+            return "hung (liveness)"
+        if not self.breaker.allows():
+            return f"circuit breaker {self.breaker.state.name.lower()}"
+        return ""
 
     @classmethod
     def from_static(cls, role: Role, spec: StaticWorker, index: int) -> Worker:
@@ -90,6 +107,7 @@ class WorkerPool:
                 current = self._add(fresh)
             current.registry_healthy = row.healthy
             current.incompatible = row.incompatible
+            current.draining = row.draining
         if remove_missing:
             for worker_id in [w.worker_id for w in self.workers.values() if not w.static and w.worker_id not in seen]:
                 del self.workers[worker_id]
@@ -100,7 +118,8 @@ class WorkerPool:
         return [w for w in self.workers.values() if w.role is role]
 
     def healthy(self, role: Role) -> list[Worker]:
-        return [w for w in self.of_role(role) if w.healthy]
+        """Healthy and not draining: what can serve (a breaker that opened on a blip does not make a router unready)."""
+        return [w for w in self.of_role(role) if w.healthy and not w.draining]
 
     def readiness(self) -> tuple[bool, str]:
         prefills, decodes = self.healthy(Role.PREFILL), self.healthy(Role.DECODE)

@@ -28,8 +28,9 @@ log = logging.getLogger("pdcluster.worker")
 # limit (SGLANG_HEALTH_CHECK_TIMEOUT, pdcluster/worker/plan.py) well past this one.
 HEALTH_PROBE_TIMEOUT = 25.0
 # A probe that fails while SGLang's processes used at least this share of a core meanwhile is a busy scheduler, not
-# a dead one (a stuck or stopped one uses next to none; an idle one with sleep-on-idle ~0.03).
-BUSY_CORES = 0.3
+# a dead one (a stuck or stopped one uses next to none; an idle one with sleep-on-idle ~0.03; one in a forward pass
+# a core or more, though less on a machine its cores are shared on).
+BUSY_CORES = 0.1
 
 
 class Registrar:
@@ -100,7 +101,8 @@ class Registrar:
                 elif not self._serving.is_set() and time.monotonic() > deadline:
                     log.error("SGLang did not answer /health within %.0fs; not registering", self.plan.cluster.ready_timeout)
                     return
-                self._stop.wait(self.plan.cluster.heartbeat_interval)
+                serving = self._serving.is_set() and self.health[0]
+                self._stop.wait(self.plan.cluster.health_interval if serving else self.plan.cluster.heartbeat_interval)
 
     def _register(self) -> None:
         response = self.service.put(f"/v1/workers/{self.registration.worker_id}",

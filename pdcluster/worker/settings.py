@@ -49,6 +49,9 @@ class ClusterSettings(BaseModel):
     advertise_host: str | None = None
     worker_id: str | None = None
     heartbeat_interval: float = Field(default=1.0, gt=0, le=60)
+    # How often the launcher asks SGLang's /health once it serves (each is a one-token generation; the routers'
+    # liveness watches every worker each second anyway). Until SGLang first answers, it asks every second.
+    health_interval: float = Field(default=15.0, gt=0, le=600)
     # auto: CPU profile when torch sees no CUDA device.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # How long SGLang may take to answer /health before the launcher gives up on it.

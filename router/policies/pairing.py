@@ -4,8 +4,8 @@ filter -> scorer -> picker: filters narrow each role's candidates, then the role
     decode:  available -> pairable (some available prefill can send it KV) -> decode policy
     prefill: available -> compatible with the chosen decode               -> prefill policy
 
-"available": healthy (registry, probes, liveness), breaker letting traffic through, and not tried already by
-this request, unless every available worker of the role has been (then tried ones may serve again).
+"available": usable (Worker.unusable: registry, probes, liveness, breaker), and not tried already by this request,
+unless every available worker of the role has been (then tried ones may serve again).
 "Compatible": same model identity (model, page size, KV dtype, transfer backend; static workers match anything).
 """
 
@@ -20,7 +20,7 @@ from router.workers import Worker, WorkerPool
 
 
 def available(pool: WorkerPool, role: Role, tried: set[str]) -> list[Worker]:
-    workers = [w for w in pool.of_role(role) if w.healthy and w.breaker.allows()]
+    workers = [w for w in pool.of_role(role) if not w.unusable()]
     untried = [w for w in workers if w.worker_id not in tried] if tried else workers
     return untried or workers
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import httpx
+import psutil
 from fastapi import FastAPI
 
-from pdcluster.worker.registrar import Registrar
+from pdcluster.worker.registrar import BUSY_CORES, Registrar
 from tests.fakes import ServerThread
 
 
@@ -27,23 +29,38 @@ def slow_health_server() -> FastAPI:
     return app
 
 
-def registrar(url: str, child: subprocess.Popen) -> Registrar:
+def registrar(url: str) -> Registrar:
     plan = SimpleNamespace(registration=SimpleNamespace(worker_id="w"), health_url=f"{url}/health",
                            cluster=SimpleNamespace(resolved_token=lambda: None, bootstrap_url=None))
-    made = Registrar(plan, probe_timeout=1.0)  # type: ignore[arg-type]
-    made._sglang = __import__("psutil").Process(child.pid)
-    return made
+    return Registrar(plan, probe_timeout=1.0)  # type: ignore[arg-type]
 
 
 def test_a_health_probe_that_times_out_is_busy_while_sglang_computes_and_a_failure_while_it_idles():
+    """The verdict, with SGLang's CPU time given: the share of a core it used during the probe decides."""
     with ServerThread(slow_health_server()) as server, httpx.Client(timeout=1.0) as client:
-        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a scheduler in a forward pass
-        idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a stuck one
-        try:
-            healthy, detail = registrar(server.url, busy)._probe(client)
-            assert healthy and detail.startswith("busy: /health waited 1s while SGLang used"), detail
-            healthy, detail = registrar(server.url, idle)._probe(client)
-            assert not healthy and "timed out" in detail, detail
-        finally:
-            busy.kill()
-            idle.kill()
+        busy, clock = registrar(server.url), iter(range(0, 1000, 2))  # 2 CPU seconds per look: busy
+        busy._cpu_seconds = lambda: float(next(clock))
+        healthy, detail = busy._probe(client)
+        assert healthy and detail.startswith("busy: /health waited 1s while SGLang used"), detail
+        stuck = registrar(server.url)
+        stuck._cpu_seconds = lambda: 5.0  # no CPU at all meanwhile: stuck, or stopped
+        healthy, detail = stuck._probe(client)
+        assert not healthy and "timed out" in detail, detail
+
+
+def test_sglangs_cpu_time_is_read_from_its_whole_process_tree():
+    """A busy child counts, however loaded the machine: its CPU time only grows."""
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable,"
+                               " '-c', 'while True: pass']); time.sleep(60)"])
+    try:
+        made = registrar("http://127.0.0.1:9")
+        made._sglang = psutil.Process(parent.pid)
+        time.sleep(0.5)
+        first = made._cpu_seconds()
+        time.sleep(1.0)
+        assert made._cpu_seconds() > first + 0.05 > 0.05  # the grandchild's loop, not the sleeping parent
+        assert BUSY_CORES < 0.5
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
