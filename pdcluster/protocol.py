@@ -51,6 +51,8 @@ class WorkerRegistration(_Strict):
     # From a local model folder's config.json (context_length: SGLang's --context-length when set); None: unknown.
     vocab_size: int | None = Field(default=None, ge=1)
     context_length: int | None = Field(default=None, ge=1)
+    # Made by the launcher at each start: routers check a new instance (a restarted worker) before it gets traffic.
+    instance_id: str | None = Field(default=None, max_length=64)
 
     @model_validator(mode="after")
     def _prefill_has_bootstrap(self) -> WorkerRegistration:

@@ -15,6 +15,7 @@ from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
+from router.admission import Admissions
 from router.discovery import FIRST_LISTING_WAIT, follow_registry
 from router.dispatch import Dispatcher
 from router.edge import Edge
@@ -38,13 +39,15 @@ async def _sample_every_second(metrics: RouterMetrics) -> None:
 
 
 def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
-    pool = pool or WorkerPool(make_breaker=lambda: CircuitBreaker(config.breaker_threshold, config.breaker_cooldown))
+    pool = pool or WorkerPool(make_breaker=lambda: CircuitBreaker(config.breaker_threshold, config.breaker_cooldown),
+                              admission_check=config.admission_check)
     pool.add_static(Role.PREFILL, config.prefill)
     pool.add_static(Role.DECODE, config.decode)
     api_key = config.resolved_api_key()
     metrics = RouterMetrics(pool)
     pairing = Pairing(pool, make_policy(config.prefill_policy), make_policy(config.decode_policy))
     pd = PdService(config, pairing, metrics, api_key)
+    admissions = Admissions(pool, lambda: pd.dispatcher, metrics)
     background: set[asyncio.Future] = set()
     state: dict[str, Any] = {}
 
@@ -57,14 +60,18 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         upstream = UpstreamClient(config.connect_timeout, config.read_timeout)
         pd.dispatcher = Dispatcher(upstream, metrics, background, config)
         state["client"] = client
-        tasks = [asyncio.create_task(probe_forever(config, pool, client, upstream))]
-        if config.bootstrap_url:
-            first_listing = asyncio.Event()
-            tasks.append(asyncio.create_task(follow_registry(config, pool, client, first_listing)))
-            # uvicorn starts listening only once this lifespan has started: a router (re)started under load then
-            # serves from its first request, with the pool the registry knows.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(first_listing.wait(), FIRST_LISTING_WAIT)
+        tasks = [asyncio.create_task(probe_forever(config, pool, client, upstream)),
+                 asyncio.create_task(admissions.run())]
+        # uvicorn starts listening only once this lifespan has started: a router (re)started under load then serves
+        # from its first request, with the pool the registry knows and its workers admitted.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FIRST_LISTING_WAIT):
+                if config.bootstrap_url:
+                    first_listing = asyncio.Event()
+                    tasks.append(asyncio.create_task(follow_registry(config, pool, client, first_listing)))
+                    await first_listing.wait()
+                admissions.settled.clear()
+                await admissions.settled.wait()
         if metrics.multiprocess:
             tasks.append(asyncio.create_task(_sample_every_second(metrics)))
         yield
@@ -113,7 +120,8 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         ok, detail = pool.readiness()
         workers = [
             {"worker_id": w.worker_id, "role": w.role.value, "url": w.url, "healthy": w.healthy,
-             "draining": w.draining, "unusable": w.unusable(), "breaker": w.breaker.state.name.lower(),
+             "draining": w.draining, "admission": w.admission.value, "admission_note": w.admission_note,
+             "unusable": w.unusable(), "breaker": w.breaker.state.name.lower(),
              "in_flight": w.in_flight,
              "incompatible": w.incompatible}
             for w in pool.workers.values()

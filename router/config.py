@@ -101,6 +101,9 @@ class RouterConfig(BaseModel):
     stall_timeout: float = Field(default=6.0, gt=0)
     # Router processes sharing the port (SO_REUSEPORT), one core each at most: see router/processes.py.
     workers: int = Field(default=1, ge=1, le=64)
+    # Each new worker instance (a new or restarted worker) gets traffic only once one short greedy canary through a
+    # pair with it answers what admitted workers of its model answer (router/admission.py).
+    admission_check: bool = True
     # Answers name the pair that served them (X-Pdcluster-Prefill/-Decode) only when this is on: worker ids are
     # internal names of the cluster.
     expose_worker_ids: bool = False

@@ -18,7 +18,8 @@ from router.workers import WorkerPool
 log = logging.getLogger("pdcluster.router")
 
 
-FIRST_LISTING_WAIT = 10.0  # seconds a starting router waits for the registry before it serves anyway
+# Seconds a starting router waits for the registry's listing and its workers' admission before it serves anyway.
+FIRST_LISTING_WAIT = 30.0
 
 
 async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient,

@@ -83,6 +83,9 @@ class RouterMetrics:
             " device, host, storage: HiCache's tiers, when SGLang reports them)", ["tier"], registry=r))
         self.ejections = _Labelled(Counter("pdcluster_router_worker_ejections", "Workers taken out of rotation",
                                            ["role"], registry=r))
+        self.admissions = _Labelled(Counter(
+            "pdcluster_router_admissions", "Admission canaries of new worker instances, by result (admitted, refused; "
+            "error: the canary could not run and is tried again)", ["role", "result"], registry=r))
         self.pool = pool
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         if self.multiprocess:

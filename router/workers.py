@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
@@ -12,6 +13,14 @@ from router.breaker import CircuitBreaker
 
 if TYPE_CHECKING:  # type only: the config checks policy names, and policies import this module
     from router.config import StaticWorker
+
+
+class Admission(StrEnum):
+    """Whether a worker instance passed its admission canary (router/admission.py)."""
+
+    PENDING = "pending"
+    ADMITTED = "admitted"
+    REFUSED = "refused"
 
 
 @dataclass(eq=False)
@@ -37,16 +46,22 @@ class Worker:
     pending_prompt_tokens: int = 0
     incompatible: str = ""
     draining: bool = False  # taken out of the pool by an operator (the registry says so): finishes, takes nothing new
+    instance_id: str | None = None  # its launcher's: a restarted worker is a new instance, admitted anew
+    admission: Admission = Admission.ADMITTED  # the pool sets PENDING on the workers it adds (admission_check)
+    admission_note: str = ""
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     @property
     def healthy(self) -> bool:
         return self.registry_healthy and self.probe_healthy and self.alive
 
-    def unusable(self) -> str:
+    def unusable(self, ignore_admission: bool = False) -> str:
         """Why this worker gets no new request now, or "" if it may. The one place where that is decided; its
-        inputs are kept by the registry (registry_healthy), the health probes (probe_healthy), liveness (alive) and
-        the circuit breaker."""
+        inputs are kept by admission (router/admission.py), the registry (registry_healthy, draining), the health
+        probes (probe_healthy), liveness (alive) and the circuit breaker."""
+        if not ignore_admission and self.admission is not Admission.ADMITTED:
+            return ("awaiting its admission canary" if self.admission is Admission.PENDING
+                    else f"refused at admission: {self.admission_note}")
         if self.draining:
             return "draining (taken out of the pool by an operator: python -m bootstrap resume puts it back)"
         if not self.registry_healthy:
@@ -69,7 +84,7 @@ class Worker:
     @classmethod
     def from_registration(cls, reg: WorkerRegistration) -> Worker:
         return cls(reg.worker_id, reg.role, reg.base_url, reg.bootstrap_host, reg.bootstrap_port, reg.identity,
-                   reg.vocab_size, reg.context_length)
+                   reg.vocab_size, reg.context_length, instance_id=reg.instance_id)
 
     def compatible_with(self, other: Worker) -> bool:
         return self.identity is None or other.identity is None or self.identity == other.identity
@@ -79,11 +94,14 @@ class Worker:
 class WorkerPool:
     workers: dict[str, Worker] = field(default_factory=dict)
     make_breaker: Callable[[], CircuitBreaker] = CircuitBreaker
+    # Each new worker instance passes an admission canary before it gets traffic (router/admission.py); False: none.
+    admission_check: bool = True
     # Told the id of every worker that leaves the pool (policies forget what they kept about it).
     on_removed: list[Callable[[str], None]] = field(default_factory=list)
 
     def _add(self, worker: Worker) -> Worker:
         worker.breaker = self.make_breaker()
+        worker.admission = Admission.PENDING if self.admission_check else Admission.ADMITTED
         self.workers[worker.worker_id] = worker
         return worker
 
@@ -102,8 +120,9 @@ class WorkerPool:
             current = self.workers.get(reg.worker_id)
             fresh = Worker.from_registration(reg)
             if current is None or (current.url, current.kv_bootstrap_port, current.identity, current.vocab_size,
-                                   current.context_length) != (fresh.url, fresh.kv_bootstrap_port, fresh.identity,
-                                                               fresh.vocab_size, fresh.context_length):
+                                   current.context_length, current.instance_id) != (
+                    fresh.url, fresh.kv_bootstrap_port, fresh.identity, fresh.vocab_size, fresh.context_length,
+                    fresh.instance_id):  # another worker under the same id, or a restarted one: a new instance
                 current = self._add(fresh)
             current.registry_healthy = row.healthy
             current.incompatible = row.incompatible
@@ -118,8 +137,9 @@ class WorkerPool:
         return [w for w in self.workers.values() if w.role is role]
 
     def healthy(self, role: Role) -> list[Worker]:
-        """Healthy and not draining: what can serve (a breaker that opened on a blip does not make a router unready)."""
-        return [w for w in self.of_role(role) if w.healthy and not w.draining]
+        """Admitted, healthy and not draining: what can serve (a breaker that opened on a blip does not make a router
+        unready)."""
+        return [w for w in self.of_role(role) if w.healthy and not w.draining and w.admission is Admission.ADMITTED]
 
     def readiness(self) -> tuple[bool, str]:
         prefills, decodes = self.healthy(Role.PREFILL), self.healthy(Role.DECODE)

@@ -37,6 +37,9 @@ class FakeWorker:
     received: list[dict] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     healthy: bool = True
+    canary_ids: list[int] = field(default_factory=lambda: [1, 2, 3])  # what it answers a router's admission canary
+    canaries: int = 0
+    canary_failures: int = 0  # answer this many canaries with 503 first
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -56,6 +59,11 @@ class FakeWorker:
 
         async def generate(request: Request) -> Response:
             body = await request.json()
+            if request.headers.get("x-request-id", "").startswith("canary-"):  # a router's admission check
+                self.canaries += 1
+                if self.canaries <= self.canary_failures:
+                    return JSONResponse({"error": {"message": "fake failure 503"}}, status_code=503)
+                return JSONResponse({"text": "canary", "output_ids": self.canary_ids, "meta_info": {"id": body["rid"]}})
             self.received.append(body)
             b = self.behaviour
             if b.delay:

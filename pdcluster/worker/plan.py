@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -189,6 +190,7 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
         dp_size=ns.dp_size,
         max_total_tokens=ns.max_total_tokens,
         **_model_limits(ns.model_path, ns.context_length),
+        instance_id=uuid.uuid4().hex,
     )
     command = [sys.executable, "-m", "sglang.launch_server", *options.argv()]
     if stores_kv:  # prepares the namespace and builds the page-hash extension, then execs SGLang (kvstore/launch.py)

@@ -123,6 +123,7 @@ def test_a_worker_the_data_plane_cannot_reach_fails_cleanly_and_leaks_no_counter
     prefill, decode = FakeWorker(), FakeWorker()
     with cluster(prefill, decode, pool=pool, max_attempts=1) as url:
         assert until(lambda: httpx.get(f"{url}/ready").status_code == 200)
+        decode.behaviour = Behaviour(hang=True)  # as a real decode does: it waits for the KV the prefill never sends
         real = next(w for w in pool.workers.values() if w.role is Role.PREFILL)
         del pool.workers[real.worker_id]
         pool.workers["tls"] = Worker("tls", Role.PREFILL, "https://127.0.0.1:1", "127.0.0.1", 8999,

@@ -1,0 +1,76 @@
+"""Admission (router/admission.py): a new worker instance gets traffic only once its canary answers what admitted
+workers of its model answer. Fake workers answer the canary with `canary_ids` (a worker with other weights under
+the same path and name answers other ids)."""
+
+from __future__ import annotations
+
+import httpx
+
+from bootstrap.app import create_app as create_bootstrap
+from bootstrap.config import BootstrapConfig
+from router.app import create_app
+from router.config import RouterConfig
+from tests.fakes import Behaviour, FakeWorker, ServerThread, until
+from tests.unit.test_bootstrap_service import registration
+from tests.unit.test_router_pd import metric
+
+
+def register(service: str, worker_id: str, role: str, url: str, instance: str = "1") -> None:
+    body = registration(worker_id, role) | {"url": url, "instance_id": instance}
+    assert httpx.put(f"{service}/v1/workers/{worker_id}", json=body).status_code == 200
+
+
+def workers(router: str) -> dict[str, dict]:
+    return {w["worker_id"]: w for w in httpx.get(f"{router}/ready").json()["workers"]}
+
+
+def test_a_worker_with_other_weights_is_kept_out_and_a_good_one_comes_in():
+    prefill, good, wrong = FakeWorker(), FakeWorker(), FakeWorker(canary_ids=[9, 9, 9])
+    with ServerThread(create_bootstrap(BootstrapConfig())) as service, ServerThread(prefill.app()) as p, \
+            ServerThread(good.app()) as g, ServerThread(wrong.app()) as w:
+        register(service.url, "p", "prefill", p.url)
+        register(service.url, "d-good", "decode", g.url)
+        with ServerThread(create_app(RouterConfig(bootstrap_url=service.url, expose_worker_ids=True))) as router:
+            # The first pair of a model sets the reference: both admitted before the router serves.
+            assert httpx.get(f"{router.url}/ready").status_code == 200
+            assert {k: v["admission"] for k, v in workers(router.url).items()} == {"p": "admitted", "d-good": "admitted"}
+            register(service.url, "d-wrong", "decode", w.url)  # same identity, other weights
+            assert until(lambda: workers(router.url).get("d-wrong", {}).get("admission") == "refused")
+            refused = workers(router.url)["d-wrong"]
+            assert refused["unusable"].startswith("refused at admission: canary through p answered [9, 9, 9]")
+            served = {httpx.post(f"{router.url}/generate", json={"text": "x"}).headers["x-pdcluster-decode"]
+                      for _ in range(6)}
+            assert served == {"d-good"} and wrong.received == []
+            assert metric(router.url, "pdcluster_router_admissions_total", role="decode", result="refused") == 1
+            # Once per instance: it is not asked again...
+            canaries = wrong.canaries
+            register(service.url, "d-wrong", "decode", w.url)
+            assert not until(lambda: wrong.canaries > canaries, timeout=2)
+            # ... but a restarted instance is: here with the right weights, it comes in.
+            wrong.canary_ids = [1, 2, 3]
+            register(service.url, "d-wrong", "decode", w.url, instance="2")
+            assert until(lambda: workers(router.url)["d-wrong"]["admission"] == "admitted")
+
+
+def test_a_canary_that_cannot_run_is_tried_again():
+    prefill, decode = FakeWorker(), FakeWorker(canary_failures=2)
+    with ServerThread(prefill.app()) as p, ServerThread(decode.app()) as d:
+        config = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "kv_bootstrap_port": 8999}],
+                              decode=[{"url": d.url}])
+        with ServerThread(create_app(config)) as router:  # its start waits for the admissions (RETRY_AFTER each)
+            assert until(lambda: httpx.get(f"{router.url}/ready").status_code == 200, timeout=20)
+            assert decode.canaries == 3
+            errors = sum(metric(router.url, "pdcluster_router_admissions_total", role=role, result="error")
+                         for role in ("prefill", "decode"))
+            assert errors == 2  # one for each of the pair's two new workers, as each tried it
+            assert httpx.post(f"{router.url}/generate", json={"text": "x"}).status_code == 200
+
+
+def test_without_the_check_workers_serve_at_once():
+    prefill, decode = FakeWorker(Behaviour()), FakeWorker()
+    with ServerThread(prefill.app()) as p, ServerThread(decode.app()) as d:
+        config = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "kv_bootstrap_port": 8999}],
+                              decode=[{"url": d.url}], admission_check=False)
+        with ServerThread(create_app(config)) as router:
+            assert httpx.post(f"{router.url}/generate", json={"text": "x"}).status_code == 200
+    assert decode.canaries == 0
