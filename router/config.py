@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, HttpUrl, field_validator,
@@ -99,6 +100,10 @@ class RouterConfig(BaseModel):
     liveness_interval: float = Field(default=1.0, gt=0)
     liveness_timeout: float = Field(default=5.0, gt=0)
     stall_timeout: float = Field(default=6.0, gt=0)
+    # On SIGTERM the router takes no new connection and lets the requests it has (streams too) finish for this long
+    # less 5 s, then closes them. Unset: PDCLUSTER_GRACE_SECONDS from the environment (compose and the chart set it
+    # from the same value as Docker's and Kubernetes' grace periods), else 60.
+    grace_period: float | None = Field(default=None, ge=10, le=3600)
     # Router processes sharing the port (SO_REUSEPORT), one core each at most: see router/processes.py.
     workers: int = Field(default=1, ge=1, le=64)
     # Each new worker instance (a new or restarted worker) gets traffic only once one short greedy canary through a
@@ -117,6 +122,9 @@ class RouterConfig(BaseModel):
             if worker.kv_bootstrap_port is None:
                 raise ValueError(f"prefill {worker.url}: kv_bootstrap_port is required for a static prefill")
         return self
+
+    def resolved_grace_period(self) -> float:
+        return self.grace_period or float(os.environ.get("PDCLUSTER_GRACE_SECONDS") or 60)
 
     def resolved_api_key(self) -> str | None:
         return secret_or_env(self.api_key, "PDCLUSTER_API_KEY")

@@ -47,6 +47,7 @@ def run_process(config: RouterConfig, sock: socket.socket | None = None) -> int:
         app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
         loop="uvloop", http="httptools",  # the fast pair (bench/README.md)
         proxy_headers=False,  # the router reads no client address; X-Forwarded-* headers are passed on as they are
+        timeout_graceful_shutdown=max(1.0, config.resolved_grace_period() - 5),  # streams in flight finish first
     ))
     server.run(sockets=[sock] if sock else None)
     return 0 if server.started else STARTUP_FAILURE

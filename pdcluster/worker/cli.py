@@ -49,7 +49,9 @@ def main(rules: RoleRules, argv: list[str] | None = None) -> int:
 
     logging.info("starting SGLang %s%s: %s", role.value, " (CPU profile)" if plan.cpu else "", plan.describe())
     registrar = Registrar(plan) if plan.cluster.bootstrap_url else None
-    code = Supervisor(plan.command, plan.env).run(while_running=registrar.start if registrar else None)
+    supervisor = Supervisor(plan.command, plan.env, plan.cluster.resolved_grace_period(),
+                            on_stop=registrar.leave_pools if registrar else lambda: None)
+    code = supervisor.run(while_running=registrar.start if registrar else None)
     if registrar:
         registrar.stop()
     logging.info("SGLang %s exited with status %s", role.value, code)

@@ -68,6 +68,16 @@ class Registrar:
             pass
         return total
 
+    def leave_pools(self) -> None:
+        """Tell the routers (through the registry) to send this worker nothing new: it is about to stop and drain.
+        Runs in a signal handler: one short request, never an exception."""
+        if not self.registered:
+            return
+        try:
+            self.service.post(f"/v1/workers/{self.registration.worker_id}/drain", timeout=2.0)
+        except httpx.HTTPError as exc:
+            log.warning("could not leave the routers' pools before stopping: %s", exc)
+
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
 from pdcluster.config_file import secret_or_env
+
+DEFAULT_GRACE_SECONDS = 60.0
 
 
 class KVStoreSettings(BaseModel):
@@ -52,6 +55,14 @@ class ClusterSettings(BaseModel):
     # How often the launcher asks SGLang's /health once it serves (each is a one-token generation; the routers'
     # liveness watches every worker each second anyway). Until SGLang first answers, it asks every second.
     health_interval: float = Field(default=15.0, gt=0, le=600)
+    # How long the worker has to stop once told to (SIGTERM): it leaves the routers' pools at once, SGLang finishes
+    # the requests it has for all of this but STOP_MARGIN, then is killed. Docker's stop_grace_period and Kubernetes'
+    # terminationGracePeriodSeconds must be at least this (compose and the chart derive both from
+    # PDCLUSTER_GRACE_SECONDS, which this defaults to when unset).
+    grace_period: float | None = Field(default=None, ge=15, le=3600)
+
+    def resolved_grace_period(self) -> float:
+        return self.grace_period or float(os.environ.get("PDCLUSTER_GRACE_SECONDS") or DEFAULT_GRACE_SECONDS)
     # auto: CPU profile when torch sees no CUDA device.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # How long SGLang may take to answer /health before the launcher gives up on it.

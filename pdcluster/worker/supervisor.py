@@ -15,7 +15,9 @@ from collections.abc import Callable
 
 from pdcluster.children import die_with_parent, exit_status
 
-GRACE_SECONDS = 15.0
+# What a worker's grace period keeps for itself after SGLang's drain: SGLang's own teardown (it waits up to 5 s between
+# looks at its queue) and deregistering from the bootstrap service.
+STOP_MARGIN = 10.0
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -26,9 +28,16 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
 
 
 class Supervisor:
-    def __init__(self, cmd: list[str], env: dict[str, str]):
+    """`grace_period`: seconds from the stop signal to the end; SGLang drains for all but STOP_MARGIN of it.
+    `on_stop`: called at the first stop signal, before SGLang hears of it (the registrar takes the worker out of the
+    routers' pools, so no new request comes while SGLang drains)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], grace_period: float = 60.0,
+                 on_stop: Callable[[], None] = lambda: None):
         self.cmd = cmd
         self.env = env
+        self.drain_seconds = max(5.0, grace_period - STOP_MARGIN)
+        self.on_stop = on_stop
         self.proc: subprocess.Popen[bytes] | None = None
         self._stop_requested_at: float | None = None
 
@@ -37,6 +46,7 @@ class Supervisor:
             sys.exit(128 + signum)
         if self._stop_requested_at is None:
             self._stop_requested_at = time.monotonic()
+            self.on_stop()
             # SIGTERM to SGLang's main process only: it shuts its own children down (a child SIGTERMed first would
             # look like a crash to it). The group kill after it exits is the backstop.
             os.kill(self.proc.pid, signal.SIGTERM)
@@ -57,7 +67,7 @@ class Supervisor:
                     returncode = self.proc.wait(timeout=0.5)
                     break
                 except subprocess.TimeoutExpired:
-                    if self._stop_requested_at and time.monotonic() - self._stop_requested_at > GRACE_SECONDS:
+                    if self._stop_requested_at and time.monotonic() - self._stop_requested_at > self.drain_seconds:
                         kill_group(self.proc.pid, signal.SIGKILL)
         finally:
             # The main process is gone; whatever is left of its group (scheduler, detokenizer) goes with it.

@@ -59,3 +59,45 @@ def test_sigterm_is_forwarded_status_is_kept_and_no_orphan_survives():
 def test_killed_child_maps_to_128_plus_signal():
     code = Supervisor([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], None).run()
     assert code == 128 + signal.SIGKILL
+
+
+# An SGLang that drains: on SIGTERM it says so, then needs DRAIN seconds before it exits.
+DRAINING_SERVER = textwrap.dedent("""
+    import signal, sys, time
+    def drain(*_):
+        print("draining", flush=True)
+        time.sleep(float(sys.argv[1]))
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, drain)
+    print("up", flush=True)
+    time.sleep(600)
+""")
+
+GRACEFUL_LAUNCHER = textwrap.dedent(f"""
+    import sys
+    from pdcluster.worker.supervisor import Supervisor
+    on_stop = lambda: print("left the pools", flush=True)
+    cmd = [sys.executable, "-c", {DRAINING_SERVER!r}, sys.argv[2]]
+    sys.exit(Supervisor(cmd, env=None, grace_period=float(sys.argv[1]), on_stop=on_stop).run())
+""")
+
+
+def graceful_stop(grace: float, drain: float) -> tuple[list[str], int]:
+    launcher = subprocess.Popen([sys.executable, "-c", GRACEFUL_LAUNCHER, str(grace), str(drain)],
+                                stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    lines = [launcher.stdout.readline().strip()]  # "up"
+    launcher.send_signal(signal.SIGTERM)
+    code = launcher.wait(timeout=120)
+    return lines + [line.strip() for line in launcher.stdout.readlines()], code
+
+
+def test_a_stop_leaves_the_pools_first_then_sglang_drains_within_the_grace_period():
+    lines, code = graceful_stop(grace=20, drain=3)  # 3 s of draining fit in 20 - STOP_MARGIN
+    assert lines == ["up", "left the pools", "draining"] and code == 0
+
+
+def test_a_drain_longer_than_the_grace_period_is_cut():
+    started = time.monotonic()
+    lines, code = graceful_stop(grace=15, drain=60)  # SGLang gets 15 - STOP_MARGIN = 5 s, then SIGKILL
+    assert lines == ["up", "left the pools", "draining"] and code == 128 + signal.SIGKILL
+    assert time.monotonic() - started < 40

@@ -34,8 +34,10 @@ def test_workers_get_gpus_shm_and_probes_long_enough_for_a_model_load(rendered):
             startup = ctr["startupProbe"]
             budget = startup["periodSeconds"] * startup["failureThreshold"]
             assert budget >= (ready_timeout if gpu else 120), f"{variant}: a startup budget of {budget}s"
-            # SIGTERM: SGLang gets GRACE_SECONDS to stop, then the launcher's threads and its DELETE (~13 s).
-            assert pod_spec(workload)["terminationGracePeriodSeconds"] >= supervisor.GRACE_SECONDS + 15
+            # SIGTERM: the launcher drains SGLang for the pod's grace period less STOP_MARGIN, which it is told.
+            grace = pod_spec(workload)["terminationGracePeriodSeconds"]
+            env = {e["name"]: e.get("value") for e in ctr["env"]}
+            assert env["PDCLUSTER_GRACE_SECONDS"] == str(grace) and grace >= supervisor.STOP_MARGIN + 15
         for component in ("bootstrap", "router"):
             ctr = container(workloads(docs)[component])
             assert ctr["image"].endswith(":cpu") and "nvidia.com/gpu" not in ctr["resources"].get("limits", {})
