@@ -41,6 +41,8 @@ class Registrar:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.service = httpx.Client(base_url=plan.cluster.bootstrap_url or "", headers=headers, timeout=3.0)
         self._stop = threading.Event()
+        self._leaving = threading.Event()
+        self._writing = threading.Lock()  # one registry write at a time: a heartbeat's, or leave_pools()'s
         self._serving = threading.Event()
         self.health: tuple[bool, str] = (False, "starting")
         self.registered = False
@@ -69,14 +71,17 @@ class Registrar:
         return total
 
     def leave_pools(self) -> None:
-        """Tell the routers (through the registry) to send this worker nothing new: it is about to stop and drain.
-        Runs in a signal handler: one short request, never an exception."""
-        if not self.registered:
-            return
-        try:
-            self.service.post(f"/v1/workers/{self.registration.worker_id}/drain", timeout=2.0)
-        except httpx.HTTPError as exc:
-            log.warning("could not leave the routers' pools before stopping: %s", exc)
+        """Deregister now: the worker is about to stop and drain, and the routers must send it nothing new (the
+        requests they have open on it run on). Runs in a signal handler: one short request, never an exception."""
+        with self._writing:
+            self._leaving.set()  # no heartbeat registers it again
+            if not self.registered:
+                return
+            try:
+                self.service.delete(f"/v1/workers/{self.registration.worker_id}", timeout=2.0)
+                self.registered = False
+            except httpx.HTTPError as exc:
+                log.warning("could not leave the routers' pools before stopping: %s", exc)
 
     def stop(self) -> None:
         self._stop.set()
@@ -132,16 +137,19 @@ class Registrar:
             if self._stop.wait(0.5):
                 return
         while not self._stop.is_set():
-            try:
-                if not self.registered:
-                    self._register()
-                else:
-                    healthy, detail = self.health
-                    response = self.service.post(f"/v1/workers/{self.registration.worker_id}/heartbeat",
-                                                 json={"healthy": healthy, "detail": detail})
-                    if response.status_code == 404:
-                        self.registered = False
-                        continue
-            except httpx.HTTPError as exc:
-                log.debug("bootstrap service unreachable: %s", exc)
+            with self._writing:  # never a registration after leave_pools()
+                if self._leaving.is_set():
+                    return
+                try:
+                    if not self.registered:
+                        self._register()
+                    else:
+                        healthy, detail = self.health
+                        response = self.service.post(f"/v1/workers/{self.registration.worker_id}/heartbeat",
+                                                     json={"healthy": healthy, "detail": detail})
+                        if response.status_code == 404:
+                            self.registered = False
+                            continue
+                except httpx.HTTPError as exc:
+                    log.debug("bootstrap service unreachable: %s", exc)
             self._stop.wait(self.plan.cluster.heartbeat_interval)

@@ -55,7 +55,7 @@ class ClusterSettings(BaseModel):
     # How often the launcher asks SGLang's /health once it serves (each is a one-token generation; the routers'
     # liveness watches every worker each second anyway). Until SGLang first answers, it asks every second.
     health_interval: float = Field(default=15.0, gt=0, le=600)
-    # How long the worker has to stop once told to (SIGTERM): it leaves the routers' pools at once, SGLang finishes
+    # How long the worker has to stop once told to (SIGTERM): it deregisters at once, SGLang finishes
     # the requests it has for all of this but STOP_MARGIN, then is killed. Docker's stop_grace_period and Kubernetes'
     # terminationGracePeriodSeconds must be at least this (compose and the chart derive both from
     # PDCLUSTER_GRACE_SECONDS, which this defaults to when unset).

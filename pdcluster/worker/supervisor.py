@@ -29,8 +29,8 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
 
 class Supervisor:
     """`grace_period`: seconds from the stop signal to the end; SGLang drains for all but STOP_MARGIN of it.
-    `on_stop`: called at the first stop signal, before SGLang hears of it (the registrar takes the worker out of the
-    routers' pools, so no new request comes while SGLang drains)."""
+    `on_stop`: called at the first stop signal, before SGLang hears of it (the registrar deregisters the worker, so
+    the routers send it nothing new while SGLang drains)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], grace_period: float = 60.0,
                  on_stop: Callable[[], None] = lambda: None):

@@ -5,6 +5,7 @@ busy worker (registered healthy); one that times out while they sit idle is a st
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import psutil
 from fastapi import FastAPI
 
 from pdcluster.worker.registrar import BUSY_CORES, Registrar
-from tests.fakes import ServerThread
+from tests.fakes import ServerThread, until
 
 
 def slow_health_server() -> FastAPI:
@@ -64,3 +65,24 @@ def test_sglangs_cpu_time_is_read_from_its_whole_process_tree():
         for child in psutil.Process(parent.pid).children(recursive=True):
             child.kill()
         parent.kill()
+
+
+def test_a_stopping_worker_deregisters_at_once_and_its_heartbeats_never_register_it_again():
+    from bootstrap.app import create_app as create_bootstrap
+    from bootstrap.config import BootstrapConfig
+    from tests.unit.test_bootstrap_service import registration
+
+    with ServerThread(create_bootstrap(BootstrapConfig())) as service:
+        made = registrar("http://127.0.0.1:9")
+        made.plan.cluster.bootstrap_url, made.plan.cluster.heartbeat_interval = service.url, 0.05
+        made.service = httpx.Client(base_url=service.url, timeout=3.0)
+        made.registration = SimpleNamespace(worker_id="w", url="http://w", model_dump_json=lambda: json.dumps(registration("w")))
+        made._serving.set()
+        made._threads[1].start()  # the heartbeats: they register it
+        listed = lambda: [w["registration"]["worker_id"] for w in httpx.get(f"{service.url}/v1/workers").json()["workers"]]
+        assert until(lambda: listed() == ["w"])
+        made.leave_pools()
+        assert listed() == []
+        time.sleep(0.5)  # ten heartbeat periods: nothing registers it again
+        assert listed() == []
+        made._stop.set()
