@@ -1,0 +1,173 @@
+"""Planned events lose nothing: a rolling restart of every worker under load, a router stopped mid-stream and one
+killed, a worker drained on demand, and a worker that comes back with other weights under the same path.
+
+Under a steady load of streamed and plain requests, every answer is judged: its status, the whole number of tokens
+asked for, no error event. Named to run after the other end-to-end files (it restarts the shared cluster's parts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+
+from pdcluster.models import DEMO_ARGS
+from tests.e2e.conftest import REPO, listing, wait_for
+from tests.unit.test_router_pd import metric
+
+
+class Load:
+    """Two clients asking without pause (one streams /generate, one asks /v1/completions), judging every answer."""
+
+    def __init__(self, url: str):
+        self.url, self.stop, self.answers, self.problems = url, threading.Event(), 0, []
+        self.threads = [threading.Thread(target=self._streams), threading.Thread(target=self._plain)]
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(120)
+
+    def _streams(self) -> None:
+        body = {"text": "Count with me", "stream": True,
+                "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            while not self.stop.is_set():
+                self._judge(lambda: client.stream("POST", "/generate", json=body), stream=True)
+
+    def _plain(self) -> None:
+        body = {"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
+                "ignore_eos": True}
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            while not self.stop.is_set():
+                self._judge(lambda: client.stream("POST", "/v1/completions", json=body), stream=False)
+
+    def _judge(self, send, stream: bool) -> None:
+        try:
+            with send() as response:
+                text = response.read().decode()
+        except httpx.HTTPError as exc:
+            self.problems.append(f"{type(exc).__name__}: {exc}")
+            return
+        self.answers += 1
+        if response.status_code != 200:
+            self.problems.append(f"{response.status_code}: {text[:200]}")
+        elif stream:
+            events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+            if events[-1] != "[DONE]" or any('"error"' in e for e in events) or \
+                    json.loads(events[-2])["meta_info"]["completion_tokens"] != 24:
+                self.problems.append(f"stream: {events[-2:]}")
+        elif json.loads(text)["usage"]["completion_tokens"] != 8:
+            self.problems.append(f"plain: {text[:200]}")
+
+
+def worker_id(cluster, name: str) -> str:
+    group, index = name.split("-")
+    spec = cluster.spec.prefill if group == "prefill" else cluster.spec.decode
+    return f"{group}-127.0.0.1-{spec.first_port + int(index)}"
+
+
+def serving(router, wid: str) -> bool:
+    workers = {w["worker_id"]: w for w in router.get("/ready").json()["workers"]}
+    return wid in workers and not workers[wid]["unusable"]
+
+
+def test_a_rolling_restart_of_every_worker_under_load_loses_no_request(cluster, router):
+    """Each worker's launcher gets SIGTERM (it deregisters at once, SGLang drains what it has) and is started again
+    at the same host and ports; the next goes once the router serves the previous one again (admitted anew)."""
+    with Load(cluster.router_url) as load:
+        for name in ("prefill-0", "decode-0", "prefill-1", "decode-1"):
+            process, wid = cluster.processes[name], worker_id(cluster, name)
+            process.signal(signal.SIGTERM)
+            process.popen.wait(timeout=120)
+            process.start()
+            assert wait_for(lambda wid=wid: serving(router, wid), 300), router.get("/ready").json()
+        answered_during = load.answers
+    assert load.problems == [], load.problems[:5]
+    assert answered_during >= 20
+
+
+def test_a_router_stopped_mid_stream_finishes_it_and_a_restarted_one_serves_from_its_first_request(cluster):
+    process = cluster.processes["router"]
+    body = {"text": "A long one", "stream": True,
+            "sampling_params": {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}}
+    with httpx.Client(base_url=cluster.router_url, timeout=120) as client, client.stream(
+            "POST", "/generate", json=body) as response:
+        lines = response.iter_lines()
+        events = [next(line for line in lines if line.startswith("data:"))]
+        process.signal(signal.SIGTERM)  # uvicorn takes no new connection and lets this stream finish
+        events += [line for line in lines if line.startswith("data:")]
+    assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["meta_info"]["completion_tokens"] == 300
+    assert process.popen.wait(timeout=60) == 0
+    for stop in (None, signal.SIGKILL):  # started again after a clean stop, then after being killed
+        if stop is not None:
+            process.signal(stop)
+            process.popen.wait(timeout=30)
+        process.start()
+        assert wait_for(lambda: _connects(cluster.router_url), 60)
+        answers = [httpx.post(f"{cluster.router_url}/generate", timeout=60, json={
+            "text": "first", "sampling_params": {"max_new_tokens": 4}}) for _ in range(4)]
+        assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+
+
+def _connects(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+def test_a_worker_drained_on_demand_gets_nothing_new_and_comes_back_on_resume(cluster, router):
+    wid = worker_id(cluster, "decode-0")
+    bootstrap = [sys.executable, "-m", "bootstrap", "--url", cluster.spec.bootstrap_url]
+    subprocess.run([*bootstrap, "drain", wid], check=True, cwd=REPO, timeout=60)
+    assert wait_for(lambda: not serving(router, wid), 10)
+    assert next(w for w in listing(cluster) if w["registration"]["worker_id"] == wid)["draining"]
+    served = {router.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}).headers[
+        "x-pdcluster-decode"] for _ in range(8)}
+    assert wid not in served
+    subprocess.run([*bootstrap, "resume", wid], check=True, cwd=REPO, timeout=60)
+    assert wait_for(lambda: serving(router, wid), 10)
+
+
+def test_a_worker_with_other_weights_under_the_same_path_is_kept_out(cluster, router, tmp_path):
+    """Another decode whose models/tiny-llama holds other weights: same model path, name, page size and KV dtype as
+    the others, so only what it answers can tell. Its admission canary is refused, and it never serves."""
+    other = tmp_path / "models" / "tiny-llama"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "build_demo_model.py"), "--out", str(other), "--seed", "7"],
+                   check=True, cwd=REPO, timeout=300)
+    port = cluster.spec.decode.first_port + 50
+    wid = f"decode-127.0.0.1-{port}"
+    before = metric(cluster.router_url, "pdcluster_router_admissions_total", role="decode", result="refused")
+    log = open(tmp_path / "impostor.log", "wb")  # noqa: SIM115 - the child keeps it
+    impostor = subprocess.Popen([sys.executable, "-m", "decode", "--config", str(REPO / "configs" / "decode.yaml"),
+                                 *DEMO_ARGS, "--cluster", f"bootstrap_url={cluster.spec.bootstrap_url}",
+                                 "--port", str(port)], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    try:
+        def admission() -> str:
+            return next((w["admission"] for w in router.get("/ready").json()["workers"] if w["worker_id"] == wid), "")
+        assert wait_for(lambda: admission() == "refused", 300), (tmp_path / "impostor.log").read_text()[-2000:]
+        assert metric(cluster.router_url, "pdcluster_router_admissions_total", role="decode",
+                      result="refused") == before + 1
+        served = {router.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}).headers[
+            "x-pdcluster-decode"] for _ in range(8)}
+        assert wid not in served
+    finally:
+        impostor.send_signal(signal.SIGTERM)
+        impostor.wait(timeout=90)
+        log.close()
+        shutil.rmtree(other, ignore_errors=True)
+    assert wait_for(lambda: wid not in {w["worker_id"] for w in router.get("/ready").json()["workers"]}, 30)
