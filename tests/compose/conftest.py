@@ -167,10 +167,10 @@ class Project:
 
 
 def serving(listing: list[dict], role: str) -> list[dict]:
-    """Workers of `role` the router sends requests to: healthy, compatible, and their breaker closed (after a failure
-    it opens, and closes after its cooldown on a successful probe)."""
+    """Workers of `role` the router sends requests to: admitted, healthy, compatible, and their breaker closed (after
+    a failure it opens, and closes after its cooldown on a successful probe): the router's own `unusable`."""
     return [w for w in listing
-            if w["role"] == role and w["healthy"] and not w["incompatible"] and w["breaker"] == "closed"]
+            if w["role"] == role and not w["unusable"] and not w["incompatible"] and w["breaker"] == "closed"]
 
 
 def free_port() -> int:

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from tests.compose.conftest import PROFILE, REPO, copy_out, serving
+from tests.e2e.load import Load
 from tests.e2e.prompts import prompt_of_about
 from tests.e2e.reference import assert_matches
 
@@ -201,6 +202,23 @@ def test_scale_to_two_prefills_and_two_decodes(project, router, reference):
     ids = {role: {w["worker_id"] for w in serving(listing, role)} for role in ("prefill", "decode")}
     assert {p for p, _ in pairs} == ids["prefill"], pairs
     assert {d for _, d in pairs} == ids["decode"], pairs
+
+
+def test_restarting_one_container_at_a_time_under_load_loses_no_request(project, router):
+    """A rolling restart as an operator does it: `docker restart` of one prefill, then one decode, while a steady load
+    runs. Each container's launcher leaves the pools at SIGTERM and SGLang finishes its requests within
+    stop_grace_period (PDCLUSTER_GRACE_SECONDS); the router sends the rest to the other replica; every answer is
+    whole."""
+    listing = project.wait_for_workers(2, 2)
+    with Load(project.url, model=MODEL) as load:
+        for service, role in ((PREFILL, "prefill"), (DECODE, "decode")):
+            container = project.containers(service)[0]
+            before = {w["worker_id"] for w in serving(listing, role)}
+            project.docker("restart", container, timeout=300)
+            listing = project.wait_for_workers(2, 2)
+            assert {w["worker_id"] for w in serving(listing, role)} == before  # the same ids, admitted anew
+    assert load.problems == [], load.problems[:5]
+    assert load.answers >= 4
 
 
 # ---------------------------------------------------------------------------------------------- workers that die
