@@ -64,10 +64,15 @@ bench-decode-only:
 chaos:
 	$(PY) -m bench.chaos
 
-# TTFT of long prompts cold, from the KV store on disk after a restart, and from memory (~6 min):
-# bench/results/persistence.json and .png.
+# TTFT of long prompts cold, from the KV store on disk after a restart, from memory, and a chat's next turn, with
+# pdcluster's CPU attention on and off (~25 min per model, under the cluster lock): bench/results/
+# persistence-llama-small.json and .png, and persistence-smollm2-135m-instruct.json and .png (8k there: 8000 tokens,
+# its context is 8192). `python -m bench.persistence` alone: the 8b-balance shape, bench/results/persistence.json.
+SMOLLM2 := models/smollm2-135m-instruct
 bench-persistence:
-	$(PY) -m bench.persistence
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.persistence --shape llama-small
+	@test -d $(SMOLLM2) || { echo "$(SMOLLM2) is missing (make setup builds it)"; exit 1; }
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.persistence --model $(SMOLLM2) --lengths 1024,2048,4096,8000
 
 clean:
 	rm -rf $(VENV) models *.egg-info
