@@ -12,10 +12,10 @@ prompt lengths:
            from the prefill's memory, the answer from the pages the decode wrote; the first turn's inter-token
            latencies (ITL) are the decode's.
 
-pdcluster/cpu_attention (cluster.cpu_attention) is the variable: each repeat runs every series once with it on and
-once off, the cluster's prefill and decode restarted in between with the KV directory emptied, the order alternating
-between repeats (on, off, off, on, ...); the same prompts in both. In this process, at the end: the attention alone
-(bench/attention_op.py), SGLang's and pdcluster's, for the extends of the longest prompt.
+pdcluster/cpu_attention (cluster.cpu_attention) is the variable: two clusters run side by side, the same but for
+it (on in one, off in the other), and every measurement alternates between them (which goes first alternates too),
+with the same prompt, so each on/off pair is taken a few seconds apart on the same machine load. In this process, at
+the end: the attention alone (bench/attention_op.py), SGLang's and pdcluster's, for the longest prompt's extends.
 
 Models: one of bench.persistence_cluster.SHAPES built once into models/persistence-bench-<shape>, or --model PATH (a
 local Hugging Face Llama, e.g. models/smollm2-135m-instruct). Writes bench/results/persistence.json and .png (default
@@ -36,8 +36,8 @@ import httpx
 
 from bench import attention_op, persistence_report
 from bench.persistence_cluster import (
-    MAX_POSITIONS, PAGE, SHAPES, WORK, Bench, build_model, busy_cores, drop_from_page_cache, model_info,
-    namespace_files, read_bandwidth, settle, write_configs)
+    MAX_POSITIONS, PAGE, SHAPES, WORK, Side, build_model, busy_cores, drop_from_page_cache, model_info, read_bandwidth,
+    settle)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_SHAPE = "8b-balance"
@@ -90,66 +90,82 @@ def streamed(client: httpx.Client, ids: list[int], max_new: int) -> tuple[float,
     return round(first, 4), [round(x, 5) for x in itl], out
 
 
-def chat(bench: Bench, ids: list[int], tag: str, vocab: int) -> dict:
-    turn1_ttft, itl, answer = streamed(bench.client, ids, CHAT_ANSWER)
-    settle()  # the decode writes each page of the answer as it completes, the last one just after the answer
+def chat(side: Side, ids: list[int], tag: str, vocab: int) -> dict:
+    side.wait_healthy()
+    turn1_ttft, itl, answer = streamed(side.client, ids, CHAT_ANSWER)
+    settle([side.kv])  # the decode writes each page of the answer as it completes, the last one just after the answer
     turn2 = ids + answer + prompt(f"{tag}-next", CHAT_NEXT + 1, vocab)[1:]
-    second = ttft(bench.client, turn2)
-    return {"prompt_tokens": len(ids), "turn1_ttft_s": turn1_ttft, "turn2_prompt_tokens": len(turn2),
-            "turn2_ttft_s": second["seconds"], "turn2_cached_tokens": second["cached_tokens"],
-            "turn2_storage": second["storage"], "itl_s": itl}
+    side.wait_healthy()
+    second = ttft(side.client, turn2)
+    result = {"prompt_tokens": len(ids), "turn1_ttft_s": turn1_ttft, "turn2_prompt_tokens": len(turn2),
+              "turn2_ttft_s": second["seconds"], "turn2_cached_tokens": second["cached_tokens"],
+              "turn2_storage": second["storage"], "itl_s": itl}
+    print(f"bench: {side.mode:3s} chat {({k: v for k, v in result.items() if k != 'itl_s'})}", flush=True)
+    return result
 
 
-def measure(bench: Bench, series: str, mode: str, ids: list[int]) -> dict:
-    sample = {**ttft(bench.client, ids), "busy_cores_before": busy_cores()}
-    print(f"bench: {mode:3s} {len(ids):5d} tokens {series:7s} {sample}", flush=True)
+def measure(side: Side, series: str, ids: list[int]) -> dict:
+    side.wait_healthy()
+    busy = busy_cores()
+    sample = {**ttft(side.client, ids), "busy_cores_before": busy}
+    print(f"bench: {side.mode:3s} {len(ids):5d} tokens {series:7s} {sample}", flush=True)
     return sample
 
 
-def block(bench: Bench, mode: str, prompts: dict[int, list[int]], chat_ids: list[int], tag: str, vocab: int,
-          samples: dict, restarts: list) -> None:
-    """Every series once with cpu_attention `mode`, on a freshly started prefill and decode and an empty KV dir."""
-    restarts.append(bench.restart(("prefill-0", "decode-0"), cpu_attention=mode == "on", empty_kv=True))
-    ttft(bench.client, prompt(f"warm-up-{tag}", 256, vocab))  # first-request costs (allocators, lazy imports)
+def repeat(sides: dict[str, Side], rep: int, prompts: dict[int, list[int]], chat_ids: list[int], vocab: int,
+           samples: dict, restarts: list) -> None:
+    """Every series once in each mode, alternating request by request (the first mode alternating too)."""
+    turn = [rep % 2]
+
+    def modes() -> tuple[str, ...]:
+        turn[0] += 1
+        return MODES if turn[0] % 2 else MODES[::-1]
+
     for n, ids in prompts.items():
-        samples[mode]["cold"][n].append(measure(bench, "cold", mode, ids))
-    samples[mode]["chat"].append(chat(bench, chat_ids, tag, vocab))
-    print(f"bench: {mode:3s} chat {({k: v for k, v in samples[mode]['chat'][-1].items() if k != 'itl_s'})}",
-          flush=True)
-    settle()
-    restarts.append(bench.restart(("prefill-0",)))
-    ttft(bench.client, prompt(f"warm-up-{tag}-again", 256, vocab))  # the restarted prefill's first-request costs
+        for mode in modes():
+            samples[mode]["cold"][n].append(measure(sides[mode], "cold", ids))
+    for mode in modes():
+        samples[mode]["chat"].append(chat(sides[mode], chat_ids, f"rep{rep}", vocab))
+    settle([side.kv for side in sides.values()])
+    for mode in modes():
+        restarts.append(sides[mode].restart_prefill())
+        ttft(sides[mode].client, prompt(f"warm-up-{rep}", 256, vocab))  # the restarted prefill's first-request costs
     for series in ("storage", "memory"):
         for n, ids in prompts.items():
-            samples[mode][series][n].append(measure(bench, series, mode, ids))
+            for mode in modes():
+                samples[mode][series][n].append(measure(sides[mode], series, ids))
     for n, ids in prompts.items():
-        bench.flush_memory_tiers()
-        drop_from_page_cache(namespace_files())
-        samples[mode]["disk"][n].append(measure(bench, "disk", mode, ids))
+        for mode in modes():
+            sides[mode].flush_memory_tiers()
+            drop_from_page_cache(sides[mode].namespace_files())
+            samples[mode]["disk"][n].append(measure(sides[mode], "disk", ids))
 
 
 def run(path: Path, name: str, lengths: tuple[int, ...], repeats: int) -> dict:
     info = {"name": name, **model_info(path, lengths[-1])}
     vocab, positions = info["vocab_size"], info["max_positions"]
     chat_len = max(n for n in lengths if n + CHAT_ANSWER + CHAT_NEXT < positions)
-    bench = Bench(write_configs(path))
-    print(f"bench: starting the cluster (logs in {WORK / 'logs'}) ...", flush=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    sides = {mode: Side(path, mode) for mode in MODES}
+    print(f"bench: starting two clusters, cpu_attention on and off (logs in {WORK}/<mode>/logs) ...", flush=True)
     samples = {m: {**{s: {n: [] for n in lengths} for s in SERIES}, "chat": []} for m in MODES}
     restarts: list[float] = []
     try:
-        bench.start()
-        server = bench.server_info()
+        for side in sides.values():
+            side.start()
+            ttft(side.client, prompt("warm-up", 256, vocab))  # first-request costs (allocators, lazy imports)
+        server = sides["on"].server_info()
         for rep in range(repeats):
             prompts = {n: prompt(f"rep{rep}-len{n}", n, vocab) for n in lengths}
-            chat_ids = prompt(f"rep{rep}-chat", chat_len, vocab)
-            for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
-                block(bench, mode, prompts, chat_ids, f"rep{rep}-{mode}", vocab, samples, restarts)
-        settle()
-        bandwidth = read_bandwidth(namespace_files())
-        page_bytes = sorted(p.stat().st_size for p in namespace_files())[len(namespace_files()) // 2]
+            repeat(sides, rep, prompts, prompt(f"rep{rep}-chat", chat_len, vocab), vocab, samples, restarts)
+        settle([side.kv for side in sides.values()])
+        files = sides["on"].namespace_files()
+        bandwidth = read_bandwidth(files)
+        page_bytes = sorted(p.stat().st_size for p in files)[len(files) // 2]
     finally:
-        bench.stop()
-        shutil.rmtree(WORK / "kv", ignore_errors=True)  # hundreds of MB of pages; the logs stay
+        for side in sides.values():
+            side.stop()
+            shutil.rmtree(side.kv, ignore_errors=True)  # hundreds of MB of pages; the logs stay
     chunk = server.get("chunked_prefill_size") or lengths[-1]
     print("bench: timing the attention alone ...", flush=True)
     op = attention_op.measure(info["dims"], lengths[-1], chunk, (lengths[-1] - 1) // PAGE * PAGE)

@@ -1,5 +1,5 @@
-"""bench.persistence's model and cluster: the benchmark model, the worker configs, one local cluster whose prefill
-and decode restart with pdcluster's CPU attention on or off, and what one request measures."""
+"""bench.persistence's model and clusters: the benchmark model, and two local clusters side by side, the same but for
+pdcluster's CPU attention (cluster.cpu_attention on in one, off in the other), each with its own KV directory."""
 
 from __future__ import annotations
 
@@ -31,10 +31,11 @@ SHAPES = {
     "llama-small": {"layers": 6, "hidden": 768, "intermediate": 2048, "heads": 12, "kv_heads": 4},
 }
 INITIALIZER_RANGE = 0.02
-# 29xxx: below the ephemeral range (32768+), where a port can be taken by any outgoing connection; not the tests'.
-PORTS = {"bootstrap": 29998, "router": 29000, "prefill": 29300, "kv_bootstrap": 29301, "decode": 29400}
+# Two clusters side by side, pdcluster's CPU attention on in one and off in the other (cluster.cpu_attention), so
+# that every measurement can alternate between them. 29xxx: below the ephemeral range (32768+), not the tests'.
+PORTS = {"on": {"bootstrap": 29998, "router": 29000, "prefill": 29300, "kv_bootstrap": 29301, "decode": 29400},
+         "off": {"bootstrap": 29997, "router": 29001, "prefill": 29310, "kv_bootstrap": 29311, "decode": 29410}}
 PAGE = 64
-WORKERS = ("prefill-0", "decode-0")
 
 
 def build_model(shape: str) -> Path:
@@ -64,42 +65,38 @@ def model_info(path: Path, longest: int) -> dict:
             f"attention_share_of_prefill_at_{n}": round(attention / (attention + dense), 3)}
 
 
-def write_configs(model: Path) -> LocalSpec:
-    if WORK.exists():
-        shutil.rmtree(WORK)
-    (WORK / "kv").mkdir(parents=True)
+def write_configs(model: Path, mode: str) -> LocalSpec:
+    """The cluster of one mode: its configs, KV directory and logs under WORK/<mode>."""
+    ports, work = PORTS[mode], WORK / mode
+    (work / "kv").mkdir(parents=True)
     for role in ("prefill", "decode"):
         raw = yaml.safe_load((REPO / "configs" / f"{role}-persistent.yaml").read_text())
         # A KV pool of 20k tokens holds the longest prompt and a chat's next turn (the CPU profile's 64k would make
         # SGLang's HiCache ask for a host pool twice that size).
         raw.update({"model-path": str(model), "served-model-name": SERVED, "log-level": "warning",
                     "max-total-tokens": 20480, "dtype": "float32"})
-        raw["cluster"]["bootstrap_url"] = f"http://127.0.0.1:{PORTS['bootstrap']}"
-        raw["cluster"]["kv_store"]["dir"] = str(WORK / "kv")  # decode_offload stays on: a chat's next turn
-        (WORK / f"{role}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    router = {"host": "127.0.0.1", "port": PORTS["router"], "bootstrap_url": f"http://127.0.0.1:{PORTS['bootstrap']}",
+        raw["cluster"].update({"bootstrap_url": f"http://127.0.0.1:{ports['bootstrap']}", "cpu_attention": mode == "on"})
+        raw["cluster"]["kv_store"]["dir"] = str(work / "kv")  # decode_offload stays on: a chat's next turn
+        (work / f"{role}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    router = {"host": "127.0.0.1", "port": ports["router"], "bootstrap_url": f"http://127.0.0.1:{ports['bootstrap']}",
               "read_timeout": 1800, "first_byte_timeout": 1800, "first_token_timeout": 1800, "log_level": "warning",
               # A prefill computing a 4096-token chunk on a CPU reports no progress for many seconds: not a hang.
               "stall_timeout": 600}
-    (WORK / "router.yaml").write_text(yaml.safe_dump(router))
+    (work / "router.yaml").write_text(yaml.safe_dump(router))
     return LocalSpec(
-        bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=PORTS["bootstrap"]),
-        router=ComponentSpec(config=str(WORK / "router.yaml"), port=PORTS["router"]),
-        prefill=WorkerGroupSpec(config=str(WORK / "prefill.yaml"), count=1, first_port=PORTS["prefill"],
-                                first_kv_bootstrap_port=PORTS["kv_bootstrap"]),
-        decode=WorkerGroupSpec(config=str(WORK / "decode.yaml"), count=1, first_port=PORTS["decode"]),
-        log_dir=str(WORK / "logs"), ready_timeout=900)
+        bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=ports["bootstrap"]),
+        router=ComponentSpec(config=str(work / "router.yaml"), port=ports["router"]),
+        prefill=WorkerGroupSpec(config=str(work / "prefill.yaml"), count=1, first_port=ports["prefill"],
+                                first_kv_bootstrap_port=ports["kv_bootstrap"]),
+        decode=WorkerGroupSpec(config=str(work / "decode.yaml"), count=1, first_port=ports["decode"]),
+        log_dir=str(work / "logs"), ready_timeout=900)
 
 
-def namespace_files() -> list[Path]:
-    return sorted((WORK / "kv").glob("*/*.bin"))
-
-
-def settle(quiet: float = 2.0, timeout: float = 120) -> None:
+def settle(dirs: list[Path], quiet: float = 2.0, timeout: float = 120) -> None:
     """Wait until the workers' background writers have put every page on disk."""
     last, since, deadline = None, time.monotonic(), time.monotonic() + timeout
     while time.monotonic() < deadline:
-        names = sorted(p.name for p in (WORK / "kv").glob("*/*") if p.name.endswith((".bin", ".tmp")))
+        names = sorted(str(p) for d in dirs for p in d.glob("*/*") if p.name.endswith((".bin", ".tmp")))
         if names != last or any(n.endswith(".tmp") for n in names):
             last, since = names, time.monotonic()
         elif time.monotonic() - since >= quiet:
@@ -144,14 +141,20 @@ def busy_cores(seconds: float = 1.0) -> float:
     return round((sum(after) - sum(before) - idle) / seconds, 2)
 
 
-class Bench:
-    def __init__(self, spec: LocalSpec):
+class Side:
+    """One mode's cluster: bootstrap service, router, 1 prefill + 1 decode."""
+
+    def __init__(self, model: Path, mode: str):
+        spec = write_configs(model, mode)
+        self.mode, self.kv = mode, WORK / mode / "kv"
         self.cluster = LocalCluster(spec, Path(spec.log_dir))
         self.client = httpx.Client(base_url=spec.router_url, timeout=1800)
-        self.prefill_url = f"http://127.0.0.1:{PORTS['prefill']}"
-        self.base = {name: list(self.cluster.processes[name].command) for name in WORKERS}
-        self.ids = {"prefill-0": f"prefill-127.0.0.1-{PORTS['prefill']}",
-                    "decode-0": f"decode-127.0.0.1-{PORTS['decode']}"}
+        self.prefill_url = f"http://127.0.0.1:{PORTS[mode]['prefill']}"
+        self.ids = {"prefill-0": f"prefill-127.0.0.1-{PORTS[mode]['prefill']}",
+                    "decode-0": f"decode-127.0.0.1-{PORTS[mode]['decode']}"}
+
+    def namespace_files(self) -> list[Path]:
+        return sorted(self.kv.glob("*/*.bin"))
 
     def start(self) -> None:
         self.cluster.start()
@@ -161,31 +164,29 @@ class Bench:
         self.client.close()
         self.cluster.stop(timeout=60)
 
-    def restart(self, names: tuple[str, ...], cpu_attention: bool | None = None, empty_kv: bool = False) -> float:
-        """SIGTERM, wait for them to go, start again (with cluster.cpu_attention set when given), wait for the router
-        to take them back; seconds it took. empty_kv: the KV directory emptied meanwhile (nothing of it in use)."""
-        started = time.monotonic()
-        for name in names:
-            process = self.cluster.processes[name]
-            process.signal(signal.SIGTERM)
-            process.popen.wait(timeout=120)
-        while any(self._healthy().get(self.ids[n]) for n in names):
+    def restart_prefill(self) -> float:
+        """SIGTERM, wait for it to go, start it again, wait for the router to take it back; seconds it took."""
+        process, started = self.cluster.processes["prefill-0"], time.monotonic()
+        process.signal(signal.SIGTERM)
+        process.popen.wait(timeout=120)
+        while self._healthy().get(self.ids["prefill-0"]):
             time.sleep(0.2)
-        if empty_kv:
-            shutil.rmtree(WORK / "kv")
-            (WORK / "kv").mkdir()
-        for name in names:
-            process = self.cluster.processes[name]
-            if cpu_attention is not None:
-                process.command = [*self.base[name], "--cluster", f"cpu_attention={str(cpu_attention).lower()}"]
-            process.start()
-        while not all(self._healthy().get(self.ids[n]) for n in names):
-            for name in names:
-                process = self.cluster.processes[name]
-                if not process.running:
-                    raise RuntimeError(f"{name} exited ({process.popen.returncode}):\n{process.tail(30)}")
+        process.start()
+        while not self._healthy().get(self.ids["prefill-0"]):
+            if not process.running:
+                raise RuntimeError(f"{self.mode} prefill exited ({process.popen.returncode}):\n{process.tail(30)}")
             time.sleep(0.5)
         return round(time.monotonic() - started, 1)
+
+    def wait_healthy(self, timeout: float = 300) -> None:
+        """Both workers healthy in the router's view. A prefill busy for more than 20 s (a cold 8k prompt on a loaded
+        machine) fails SGLang's own /health, whose one-token generation waits behind it: the registry then marks it
+        unhealthy until its next probe, and a request sent at once would get a 503, not a measurement."""
+        deadline = time.monotonic() + timeout
+        while not all(self._healthy().get(i) for i in self.ids.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.mode} workers not healthy after {timeout:.0f}s: {self._healthy()}")
+            time.sleep(0.2)
 
     def _healthy(self) -> dict:
         try:
