@@ -142,6 +142,10 @@ def repeat(sides: dict[str, Side], rep: int, prompts: dict[int, list[int]], chat
 
 
 def run(path: Path, name: str, lengths: tuple[int, ...], repeats: int) -> dict:
+    # SGLang's backend is imported now, not after half an hour of measurements (bench/attention_op.py needs it): the
+    # shared virtualenv can be reinstalled meanwhile, which once left this process unable to import it at the end.
+    import sglang.srt.layers.attention.torch_native_backend  # noqa: F401
+
     info = {"name": name, **model_info(path, lengths[-1])}
     vocab, positions = info["vocab_size"], info["max_positions"]
     chat_len = max(n for n in lengths if n + CHAT_ANSWER + CHAT_NEXT < positions)
@@ -159,6 +163,7 @@ def run(path: Path, name: str, lengths: tuple[int, ...], repeats: int) -> dict:
             prompts = {n: prompt(f"rep{rep}-len{n}", n, vocab) for n in lengths}
             repeat(sides, rep, prompts, prompt(f"rep{rep}-chat", chat_len, vocab), vocab, samples, restarts)
         settle([side.kv for side in sides.values()])
+        (WORK / "samples.json").write_text(json.dumps({"server": server, "samples": samples, "restarts": restarts}))
         files = sides["on"].namespace_files()
         bandwidth = read_bandwidth(files)
         page_bytes = sorted(p.stat().st_size for p in files)[len(files) // 2]
