@@ -65,14 +65,11 @@ chaos:
 	$(PY) -m bench.chaos
 
 # TTFT of long prompts cold, from the KV store on disk after a restart, from memory, and a chat's next turn, with
-# pdcluster's CPU attention on and off (~25 min per model, under the cluster lock): bench/results/
-# persistence-llama-small.json and .png, and persistence-smollm2-135m-instruct.json and .png (8k there: 8000 tokens,
-# its context is 8192). `python -m bench.persistence` alone: the 8b-balance shape, bench/results/persistence.json.
-SMOLLM2 := models/smollm2-135m-instruct
+# pdcluster's CPU attention on and off side by side (~30 min per model, under the cluster lock): the llama-small shape,
+# then SmolLM2 (make setup fetches it): bench/results/persistence-llama-small.json, persistence-smollm2.json, and .png.
+# BENCH_MODEL=<shape or smollm2>: that one only (8b-balance: persistence.json).
 bench-persistence:
-	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.persistence --shape llama-small
-	@test -d $(SMOLLM2) || { echo "$(SMOLLM2) is missing (make setup builds it)"; exit 1; }
-	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.persistence --model $(SMOLLM2) --lengths 1024,2048,4096,8000
+	$(foreach m,$(or $(BENCH_MODEL),llama-small smollm2),flock /tmp/pdcluster-cluster.lock $(PY) -m bench.persistence --shape $(m) &&) true
 
 clean:
 	rm -rf $(VENV) models *.egg-info

@@ -17,9 +17,10 @@ it (on in one, off in the other), and every measurement alternates between them 
 with the same prompt, so each on/off pair is taken a few seconds apart on the same machine load. In this process, at
 the end: the attention alone (bench/attention_op.py), SGLang's and pdcluster's, for the longest prompt's extends.
 
-Models: one of bench.persistence_cluster.SHAPES built once into models/persistence-bench-<shape>, or --model PATH (a
-local Hugging Face Llama, e.g. models/smollm2-135m-instruct). Writes bench/results/persistence.json and .png (default
-shape), persistence-<shape>.json, or persistence-<model folder>.json. Run it under the cluster lock (Makefile).
+Models: one of bench.persistence_cluster.SHAPES built once into models/persistence-bench-<shape>, or `--shape smollm2`:
+SmolLM2-135M-Instruct as `make setup` fetched it (a real model; its context holds 8192 tokens, so its longest prompt
+is 8000). Writes bench/results/persistence.json and .png (default shape), or persistence-<shape>.json and .png. Run
+it under the cluster lock (Makefile).
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ import httpx
 
 from bench import attention_op, persistence_report
 from bench.persistence_cluster import (
-    MAX_POSITIONS, PAGE, SHAPES, WORK, Side, build_model, busy_cores, drop_from_page_cache, model_info, read_bandwidth,
+    PAGE, REPO, SHAPES, WORK, Side, build_model, busy_cores, drop_from_page_cache, model_info, read_bandwidth,
     settle)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_SHAPE = "8b-balance"
 LENGTHS = (1024, 2048, 4096, 8192)
+REAL, SMOLLM2 = "smollm2", "models/smollm2-135m-instruct"  # --shape smollm2: the real model, not one of SHAPES
+REAL_LENGTHS = (1024, 2048, 4096, 8000)  # SmolLM2's context is 8192 tokens: the prompt and its one new token fit
 SERIES = ("cold", "storage", "disk", "memory")
 MODES = ("on", "off")
 CHAT_ANSWER, CHAT_NEXT = 128, 64
@@ -179,20 +182,25 @@ def run(path: Path, name: str, lengths: tuple[int, ...], repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.persistence", description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES), default=DEFAULT_SHAPE)
-    parser.add_argument("--model", help="a local model folder instead of a built shape")
-    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens")
+    parser.add_argument("--shape", choices=sorted([*SHAPES, REAL]), default=DEFAULT_SHAPE,
+                        help=f"a random-weight model of that shape, or {REAL}: the real model make setup fetches")
+    parser.add_argument("--lengths", help=f"prompt lengths in tokens (default {','.join(map(str, LENGTHS))}; "
+                                          f"{REAL}: {','.join(map(str, REAL_LENGTHS))})")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", help="default: bench/results/persistence[-<shape or model>].json")
+    parser.add_argument("--out", help="default: bench/results/persistence.json, or persistence-<shape>.json")
     args = parser.parse_args(argv)
-    lengths = tuple(sorted(int(n) for n in args.lengths.split(",")))
-    if args.model:
-        path, name = Path(args.model).resolve(), Path(args.model).name
-        positions = json.loads((path / "config.json").read_text())["max_position_embeddings"]
+    default = REAL_LENGTHS if args.shape == REAL else LENGTHS
+    lengths = tuple(sorted(int(n) for n in args.lengths.split(","))) if args.lengths else default
+    if args.shape == REAL:
+        path = REPO / SMOLLM2
+        if not (path / "config.json").is_file():
+            raise SystemExit(f"{path} is missing: `make setup` fetches it (scripts/fetch_smollm2.py)")
     else:
-        path, name, positions = build_model(args.shape), args.shape, MAX_POSITIONS
+        path = build_model(args.shape)
+    positions = json.loads((path / "config.json").read_text())["max_position_embeddings"]
     if lengths[-1] + 1 > positions:
         parser.error(f"the longest prompt must leave room for one token within {positions}")
+    name = args.shape
     stem = "persistence" if name == DEFAULT_SHAPE else f"persistence-{name}"
     out = Path(args.out) if args.out else RESULTS / f"{stem}.json"
     result = run(path, name, lengths, args.repeats)
