@@ -68,10 +68,12 @@ bench-decode-only:
 chaos:
 	$(PY) -m bench.chaos
 
-# TTFT of long prompts cold, from the KV store on disk after a restart, and from memory (~6 min):
-# bench/results/persistence.json and .png (BENCH_MODEL=smollm2: on SmolLM2, persistence-smollm2.json).
+# TTFT of long prompts cold, from the KV store on disk after a restart, from memory, and a chat's next turn, with
+# pdcluster's CPU attention on and off side by side (~30 min per model, under the cluster lock): the llama-small shape,
+# then SmolLM2 (make setup fetches it): bench/results/persistence-llama-small.json, persistence-smollm2.json, and .png.
+# BENCH_MODEL=<shape or smollm2>: that one only (8b-balance: persistence.json).
 bench-persistence:
-	$(PY) -m bench.persistence $(if $(BENCH_MODEL),--shape $(BENCH_MODEL))
+	$(foreach m,$(or $(BENCH_MODEL),llama-small smollm2),flock /tmp/pdcluster-cluster.lock $(PY) -m bench.persistence --shape $(m) &&) true
 
 clean:
 	rm -rf $(VENV) models *.egg-info

@@ -79,6 +79,7 @@ CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 # server unhealthy (which also makes a later SIGTERM skip the drain). One long forward pass (a long prompt on a CPU)
 # is silent for that long: judging a busy scheduler is the router's liveness's job (router/liveness.py), so SGLang's
 # own limit is set far above any probe's timeout.
+CPU_ATTENTION_ENV = "PDCLUSTER_CPU_ATTENTION"  # cluster.cpu_attention, read by pdcluster/cpu_attention in SGLang
 COMMON_ENV = {"MC_LOG_LEVEL": "ERROR", "SGLANG_HEALTH_CHECK_TIMEOUT": "600"}
 
 # cluster.kv_store: SGLang HiCache with its file storage, set so that KV really persists (pdcluster/kvstore/). What
@@ -165,11 +166,13 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
         env_added["PYTHONPATH"] = f"{CPU_SHIM_DIR}{os.pathsep}{base}" if base else str(CPU_SHIM_DIR)
     if kv is not None and cpu:
         env_added["PDCLUSTER_CPU_HICACHE"] = "1"  # pdcluster/cpu_hicache (an SGLang plugin) adapts HiCache to CPU
+    if cpu:  # pdcluster/cpu_attention (an SGLang plugin): extend attention of the new tokens only
+        env_added[CPU_ATTENTION_ENV] = "1" if cluster.cpu_attention else "0"
     if stores_kv:
         env_added.update(_kv_store_env(kv, ns.tp_size * ns.pp_size))
     final_env = dict(env or os.environ)
     for key, value in env_added.items():
-        if key == "PYTHONPATH" or key not in final_env:
+        if key in ("PYTHONPATH", CPU_ATTENTION_ENV) or key not in final_env:  # the setting decides, not a stray export
             final_env[key] = value
     env_added = {k: final_env[k] for k in env_added}
 

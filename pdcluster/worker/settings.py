@@ -73,6 +73,9 @@ class ClusterSettings(BaseModel):
     kv_bootstrap_port_base: int = Field(default=8999, ge=1024, le=65000)
     # KV cache that survives restarts (prefill; decode with decode_offload); null: off. See KVStoreSettings.
     kv_store: KVStoreSettings | None = None
+    # CPU profile only: extend attention that computes only the new tokens' queries (pdcluster/cpu_attention), so a
+    # cache hit or a prefill chunk does not pay the cached tokens' attention again. false: SGLang's own.
+    cpu_attention: bool = True
 
     @field_validator("env", mode="before")
     @classmethod

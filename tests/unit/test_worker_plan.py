@@ -66,6 +66,19 @@ def test_decode_cpu_profile_and_gpu_gets_none_of_it(tmp_path, model_dir):
     assert argv_value(gpu.command, "--disaggregation-transfer-backend") == "mooncake"
 
 
+@pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
+def test_cpu_attention_on_by_default_off_by_setting_never_on_gpu(tmp_path, model_dir, role):
+    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
+    assert build_plan(role, config, [], env={}).env_added["PDCLUSTER_CPU_ATTENTION"] == "1"
+    # The setting decides, whatever the caller's environment says (the benchmark switches it per cluster).
+    off = build_plan(role, config, [], env={"PDCLUSTER_CPU_ATTENTION": "1"},
+                     cluster_overrides={"cpu_attention": "false"})
+    assert off.env["PDCLUSTER_CPU_ATTENTION"] == "0" and off.env_added["PDCLUSTER_CPU_ATTENTION"] == "0"
+    assert "PDCLUSTER_CPU_ATTENTION=0" in off.describe()  # what --dry-run prints
+    gpu = plan(tmp_path, model_dir, role=role, device="cuda")
+    assert "PDCLUSTER_CPU_ATTENTION" not in gpu.env_added
+
+
 def test_command_line_beats_file_beats_profile(tmp_path, model_dir):
     p = plan(tmp_path, model_dir, "max-total-tokens: 4096\nmem_fraction_static: 0.2\n", ["--max-total-tokens", "2048"])
     assert argv_value(p.command, "--max-total-tokens") == "2048"
@@ -117,6 +130,7 @@ def test_cli_dry_run_prints_command_and_environment(tmp_path, model_dir):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "SGLANG_USE_CPU_ENGINE=1" in result.stdout and "sglang.launch_server" in result.stdout
+    assert "PDCLUSTER_CPU_ATTENTION=1" in result.stdout
 
 
 # --- cluster.kv_store: KV cache on disk (pdcluster/kvstore) -------------------------------------------------------

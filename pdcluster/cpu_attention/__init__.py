@@ -1,0 +1,47 @@
+"""SGLang plugin: CPU extend attention that computes only the new tokens, so cache hits and chunked prefills on a CPU
+cost what is new in them instead of the whole sequence's attention again.
+
+Entry point `pdcluster_cpu_attention` in group `sglang.srt.plugins` (pyproject.toml). SGLang's load_plugins() calls
+register() in the launcher and in every scheduler/detokenizer process. It does nothing unless the environment has
+PDCLUSTER_CPU_ATTENTION=1 (set by pdcluster's launcher for CPU workers, `cluster.cpu_attention`, on by default) and
+torch sees no CUDA device. When active it first checks every internal it relies on (internals.check), then replaces
+`TorchNativeAttnBackend._run_sdpa_forward_extend` (the torch_native backend's extend attention, which the CPU profile
+uses) with ops.extend for causal self-attention; cross attention, encoder lengths and sliding windows go to SGLang's
+own code unchanged. Decode attention (one query per request against its keys) has no such waste and is untouched.
+An internal missing or changed stops the process at plugin load with a message naming it and the SGLang version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+ENV_VAR = "PDCLUSTER_CPU_ATTENTION"
+logger = logging.getLogger(__name__)
+
+
+def active() -> bool:
+    if os.environ.get(ENV_VAR) != "1":
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        logger.info("%s=1 ignored: torch sees a CUDA device, SGLang's own attention backends are used", ENV_VAR)
+        return False
+    return True
+
+
+def register() -> None:
+    """The `sglang.srt.plugins` entry point."""
+    if not active():
+        return
+    from pdcluster.cpu_attention import internals
+
+    try:
+        patched = internals.apply()
+    except internals.IncompatibleSGLang as exc:
+        # load_plugins() logs and swallows an Exception from a plugin; SGLang would then serve with its own slower
+        # attention while the config says otherwise, so leave as SystemExit, which it does not catch.
+        raise SystemExit(str(exc)) from None
+    if patched:
+        logger.warning("pdcluster cpu_attention active (no CUDA): patched %s", ", ".join(patched))
