@@ -64,9 +64,10 @@ bench-cluster:
 bench-decode-only:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster --decode-only
 
-# Faults one at a time under load on a local 2P+2D cluster (~10 min): bench/results/chaos.json and .png.
+# Faults one at a time under load on a local 2P+2D cluster (~10 min), every answer checked: a correctness soak, not a
+# benchmark (tests/chaos/); results in tests/chaos/results/chaos.json and .png.
 chaos:
-	$(PY) -m bench.chaos
+	$(PY) -m tests.chaos
 
 # TTFT of long prompts cold, from the KV store on disk after a restart, and from memory (~6 min):
 # bench/results/persistence.json and .png (BENCH_MODEL=smollm2: on SmolLM2, persistence-smollm2.json).

@@ -45,7 +45,7 @@ MODELS = {
     "smollm2": BenchModel(models.SMOLLM2, "smollm2-135m-instruct", plan.CPU_FLAGS["max-total-tokens"],
                           {"ttft": 2500.0, "tpot": 250.0}),
 }
-# 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), chaos (38xxx), persistence (29xxx).
+# 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), tests/chaos (38xxx), persistence (29xxx).
 PORTS = {"router": 27000, "bootstrap": 27998, "prefill": 27100, "kv_bootstrap": 27300, "decode": 27200,
          "colocated": 27500}
 

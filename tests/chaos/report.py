@@ -1,4 +1,4 @@
-"""bench.chaos: the run's summary, its JSON (compact rows) and its picture."""
+"""tests.chaos: the run's summary, its JSON (compact rows) and its picture."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 import statistics
 from pathlib import Path
 
-from bench.chaos_cluster import DEADLINE, SIZES
-from bench.chaos_load import Record
+from tests.chaos.cluster import DEADLINE, SIZES
+from tests.chaos.load import Record
 
 
 def summarize(records: list[Record]) -> dict:

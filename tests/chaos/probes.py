@@ -1,4 +1,4 @@
-"""bench.chaos: the probes behind the router's liveness thresholds (docs/faults.md): /v1/loads four times a
+"""tests.chaos: the probes behind the router's liveness thresholds (docs/faults.md): /v1/loads four times a
 second and SGLang's /health, per worker."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 
 import httpx
 
-from bench.chaos_cluster import worker_url
-from bench.chaos_load import Load
+from tests.chaos.cluster import worker_url
+from tests.chaos.load import Load
 from pdcluster.local import LocalSpec
 
 

@@ -1,4 +1,4 @@
-"""bench.chaos: the faults (SIGSTOP of a tree or of a scheduler, kill -9, restarts, a network drop) and the
+"""tests.chaos: the faults (SIGSTOP of a tree or of a scheduler, kill -9, restarts, a network drop) and the
 timings each must meet: out of rotation within DETECT_LIMIT, every worker serving again within its limit."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from bench.chaos_cluster import (DETECT_LIMIT, HANG_SECONDS, LIMITS, all_serving, registered, sglang_main, tree,
+from tests.chaos.cluster import (DETECT_LIMIT, HANG_SECONDS, LIMITS, all_serving, registered, sglang_main, tree,
                                  wait_for, worker_healthy, worker_url)
-from bench.chaos_load import Load
-from bench.chaos_probes import Probes
+from tests.chaos.load import Load
+from tests.chaos.probes import Probes
 from pdcluster.local import LocalCluster
 
 

@@ -2,7 +2,7 @@
 at a time; every request must end as a right answer or a clear error, every fault must heal on its own within its
 limit, and at the end every worker must be back, registered, healthy, with its KV cache drained to its idle level.
 
-    python -m bench.chaos [--clients 6] [--steady 60] [--faults all] [--out bench/results/chaos]
+    python -m tests.chaos [--clients 6] [--steady 60] [--faults all] [--out tests/chaos/results/chaos]
 
 Load: `--clients` threads, each sending one request at a time through the router (a new connection each: no
 keep-alive races to muddy the verdict): /generate and /v1/completions, streamed or not, prompts of ~5 to ~1800
@@ -28,9 +28,10 @@ usage) and <out>.png (requests/s, errors and defects over time, the faults marke
 requirement failed. The probe measurements behind the router's liveness thresholds come from the same run
 (docs/faults.md).
 
-Modules: bench/chaos_cluster.py (the cluster, the limits, "is every worker serving?"), chaos_load.py (the clients and
-the verdict on every answer), chaos_probes.py (/v1/loads and /health timings), chaos_faults.py (the faults and their
-timings), chaos_report.py (summary, JSON, picture); this file runs them.
+Modules of tests/chaos/: cluster.py (the cluster, the limits, "is every worker serving?"), load.py (the clients and
+the verdict on every answer), probes.py (/v1/loads and /health timings), faults.py (the faults and their timings),
+report.py (summary, JSON, picture); this file runs them. A soak, not a pytest suite: no file here is named test_*,
+and tests/conftest.py keeps pytest out of this folder.
 """
 
 from __future__ import annotations
@@ -43,20 +44,20 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.chaos_cluster import (ALL_FAULTS, DEADLINE, SIZES, all_serving, chaos_spec, registered, used_tokens,
+from tests.chaos.cluster import (ALL_FAULTS, DEADLINE, SIZES, all_serving, chaos_spec, registered, used_tokens,
                                  wait_for, worker_url)
-from bench.chaos_faults import Chaos, clean_iptables
-from bench.chaos_load import Load, build_prompts
-from bench.chaos_probes import Probes
-from bench.chaos_report import draw, dump, summarize, timeline
+from tests.chaos.faults import Chaos, clean_iptables
+from tests.chaos.load import Load, build_prompts
+from tests.chaos.probes import Probes
+from tests.chaos.report import draw, dump, summarize, timeline
 from pdcluster.local import LocalCluster
 from tests.e2e.reference import ReferenceModel
 
-REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
+REPO = Path(__file__).resolve().parents[2]  # runs from the checkout (`python -m tests.chaos`)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--steady", type=float, default=60.0, help="seconds of load before the first fault")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds of load between faults")
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-port-base", type=int, default=39500)
     parser.add_argument("--prompts-per-size", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "chaos"), help="writes OUT.json, OUT.png")
+    parser.add_argument("--out", default=str(REPO / "tests" / "chaos" / "results" / "chaos"), help="writes OUT.json, OUT.png")
     args = parser.parse_args(argv)
 
     faults = [] if args.faults == "none" else ALL_FAULTS if args.faults == "all" else [
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if kv and kv.get("drained_s") is None:
         verdicts.append(f"KV usage not back at its idle level: {kv}")
     result = {
-        "what": "bench/chaos.py: faults one at a time under load on a local 2P+2D cluster (CPU, tiny-llama)",
+        "what": "tests/chaos: faults one at a time under load on a local 2P+2D cluster (CPU, tiny-llama)",
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(began_wall)),
         "duration_s": round(time.monotonic() - t_start),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

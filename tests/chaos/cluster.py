@@ -1,4 +1,4 @@
-"""bench.chaos: the cluster under test (2 prefills, 2 decodes on ports of their own, on the demo model), the limits
+"""tests.chaos: the cluster under test (2 prefills, 2 decodes on ports of their own, on the demo model), the limits
 each fault must meet, and how the run asks the cluster whether every worker serves."""
 
 from __future__ import annotations
