@@ -38,6 +38,9 @@ import httpx
 import psutil
 import yaml
 
+from bench import idle
+from bench.plot import pyplot, save
+from bench.report import git
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 from pdcluster.models import SMOLLM2
 
@@ -195,15 +198,6 @@ def read_bandwidth(files: list[Path]) -> dict:
     return result
 
 
-def busy_cores(seconds: float = 1.0) -> float:
-    """Cores busy over `seconds` just before a measurement (anything else running on the machine shows here)."""
-    before = psutil.cpu_times()
-    time.sleep(seconds)
-    after = psutil.cpu_times()
-    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0) - getattr(before, "iowait", 0))
-    return round((sum(after) - sum(before) - idle) / seconds, 2)
-
-
 class Bench:
     def __init__(self, spec: LocalSpec):
         self.cluster = LocalCluster(spec, Path(spec.log_dir))
@@ -244,7 +238,7 @@ class Bench:
         httpx.post(f"{self.prefill_url}/flush_cache", params={"timeout": 60}, timeout=120).raise_for_status()
 
     def measure(self, series: str, ids: list[int]) -> dict:
-        sample = {**ttft(self.client, ids), "busy_cores_before": busy_cores()}
+        sample = {**ttft(self.client, ids), "busy_cores_before": round(idle.busy_cores(1.0), 2)}
         print(f"bench: {len(ids):5d} tokens {series:7s} {sample}", flush=True)
         return sample
 
@@ -328,29 +322,20 @@ def report(model: dict, lengths, repeats: int, samples: dict, restarts: list, ba
 
 
 def machine() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
     import sglang
     import torch
 
-    return {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "git_commit": commit,
+    return {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "git_commit": git("rev-parse", "HEAD"),
             "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "python": platform.python_version(),
             "torch": torch.__version__, "sglang": sglang.__version__,
             "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def draw(result: dict, path: Path) -> None:
     rows = result["results"]
     lengths = [r["prompt_tokens"] for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = pyplot().subplots(figsize=(8, 5))
     styles = {"cold": ("#d62728", "cold (computed)"), "storage": ("#1f77b4", "from disk after a restart (page cache)"),
               "disk": ("#17becf", "from disk, page cache dropped"), "memory": ("#2ca02c", "from memory (device)")}
     for series, (color, label) in styles.items():
@@ -368,8 +353,7 @@ def plot(result: dict, path: Path) -> None:
                  f"({m['parameters'] / 1e6:.0f}M params, {m['kv_bytes_per_token'] // 1024} KiB KV/token)", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.shape, lengths, args.repeats)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out.with_suffix(".png"))
+    draw(result, out.with_suffix(".png"))
     for row in result["results"]:
         print(f"{row['prompt_tokens']:6d} tokens: cold {row['cold_ttft_s']:.3f}s  storage {row['storage_ttft_s']:.3f}s"
               f"  disk {row['disk_ttft_s']:.3f}s  memory {row['memory_ttft_s']:.3f}s"
