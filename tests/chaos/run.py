@@ -44,16 +44,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tests.chaos.cluster import (ALL_FAULTS, DEADLINE, SIZES, all_serving, chaos_spec, registered, used_tokens,
-                                 wait_for, worker_url)
+from pdcluster.local import LocalCluster
+from tests.chaos.cluster import ALL_FAULTS, DEADLINE, SIZES, all_serving, chaos_spec, registered
 from tests.chaos.faults import Chaos, clean_iptables
 from tests.chaos.load import Load, build_prompts
 from tests.chaos.probes import Probes
 from tests.chaos.report import draw, dump, summarize, timeline
-from pdcluster.local import LocalCluster
 from tests.e2e.reference import ReferenceModel
+from tests.helpers import seconds_until, used_tokens, worker_url
 
 REPO = Path(__file__).resolve().parents[2]  # runs from the checkout (`python -m tests.chaos`)
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-port-base", type=int, default=39500)
     parser.add_argument("--prompts-per-size", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", default=str(REPO / "tests" / "chaos" / "results" / "chaos"), help="writes OUT.json, OUT.png")
+    parser.add_argument("--out", default=str(RESULTS / "chaos"), help="writes OUT.json, OUT.png")
     args = parser.parse_args(argv)
 
     faults = [] if args.faults == "none" else ALL_FAULTS if args.faults == "all" else [
@@ -109,15 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     load = probes = chaos = None
     verdicts: list[str] = []
     try:
-        started = wait_for(lambda: all_serving(cluster), cluster.spec.ready_timeout, 1.0)
+        started = seconds_until(lambda: all_serving(cluster), cluster.spec.ready_timeout, 1.0)
         if started is None:
             raise TimeoutError(f"the cluster did not get ready within {cluster.spec.ready_timeout:.0f}s")
         log(f"ready after {started:.0f}s")
         names = [*(f"prefill-{i}" for i in range(2)), *(f"decode-{i}" for i in range(2))]
-        baseline = {n: used_tokens(worker_url(spec, n)) for n in names}
+        baseline = {n: used_tokens(worker_url(cluster, n)) for n in names}
         restarts_at_ready = cluster.restarts()
         load = Load(cluster.router_url, prompts, reference.tokenizer, args.clients, args.seed)
-        probes = Probes(spec, load)
+        probes = Probes(cluster, load)
         load.start()
         probes.start()
         probes.heavy.set()
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - t_start > args.max_minutes * 60:
                 verdicts.append(f"fault {fault} not run: past --max-minutes")
                 continue
-            if wait_for(lambda: all_serving(cluster), 120) is None:
+            if seconds_until(lambda: all_serving(cluster), 120) is None:
                 verdicts.append(f"before {fault}: not every worker serving")
             time.sleep(args.settle)
             chaos.run(fault)
@@ -138,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         load.finish()
         probes.stop.set()
         # The end: every worker registered and healthy, and its KV back at its idle level.
-        end_ready = wait_for(lambda: all_serving(cluster) and registered(cluster) == 4, 300)
+        end_ready = seconds_until(lambda: all_serving(cluster) and registered(cluster) == 4, 300)
         kv_after = {}
-        drained = wait_for(lambda: all(kv_after.update({n: used_tokens(worker_url(spec, n))}) or
+        drained = seconds_until(lambda: all(kv_after.update({n: used_tokens(worker_url(cluster, n))}) or
                                        kv_after[n] <= baseline[n] for n in names), 60, 1.0)
         kv = {"baseline": baseline, "after": kv_after, "drained_s": None if drained is None else round(drained, 1)}
     except BaseException as exc:

@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import yaml
 
 from tests.compose.base_image import dockerfile_bases, ensure_image
 from tests.compose.engine import Engine, EngineError, start_engine
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = REPO / "logs" / "compose-tests"
@@ -171,12 +171,6 @@ def serving(listing: list[dict], role: str) -> list[dict]:
     it opens, and closes after its cooldown on a successful probe)."""
     return [w for w in listing
             if w["role"] == role and w["healthy"] and not w["incompatible"] and w["breaker"] == "closed"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def compose_env(port: int) -> dict[str, str]:

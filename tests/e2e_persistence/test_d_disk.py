@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from tests.e2e.reference import assert_matches
-from tests.e2e.conftest import wait_for
 from tests.e2e_persistence.conftest import greedy_ids, prompt_ids
+from tests.helpers import CLUSTER_POLL, until
 
 MAX_NEW = 8
 PAGE_BYTES = 64 * 1024  # the demo shape, float32: 2 layers x (K, V) x 64 values x 4 bytes x 64 tokens
@@ -88,7 +88,7 @@ def errors_logged(pc, offset: int, *reasons: str) -> list[str]:
             return [line for line in handle.read().decode(errors="replace").splitlines()
                     if "Failed to save tensor" in line and any(reason in line for reason in reasons)]
 
-    wait_for(lambda: read(), 15)  # written by a background thread, maybe after the answer
+    until(lambda: read(), 15, interval=CLUSTER_POLL)  # written by a background thread, maybe after the answer
     time.sleep(1.0)
     return read()
 
