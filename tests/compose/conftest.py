@@ -1,7 +1,7 @@
 """The compose tests' fixtures: a Docker engine, the cpu image built as docker-compose.yml defines it, one project.
 
 Everything comes up once for tests/compose, in this order, and is torn down after its last test even when a test
-fails (package scope: gone before tests/e2e starts its own cluster in the same run):
+fails (package scope: gone before tests/e2e starts its own cluster in the same run; the order is tests/conftest.py's):
   1. the engine (tests/compose/engine.py: the running one, else our dockerd, stopped by its PID at the end);
   2. the base image (present, pulled, or made with debootstrap) and the image, built with `docker build` from what
      `docker compose --profile cpu config` says (Compose v5 builds only through the buildx plugin, absent here);
@@ -301,20 +301,6 @@ def project(engine, image) -> Project:
 def router(project):
     with httpx.Client(base_url=project.url, timeout=120) as client:
         yield client
-
-
-def pytest_collection_modifyitems(items):
-    """In a run of every test (`make test`), these run after the unit tests and before tests/e2e: the fixtures here
-    are package-scoped, so this cluster and its engine are gone before the end-to-end cluster (session-scoped, alive
-    to the end of the run) starts. The two never share the machine's memory: each SGLang worker takes ~2.4 GB, and
-    SGLang's HiCache wants free RAM beyond its pool at each worker's start (1 GiB on CPU, with pdcluster's plugin)."""
-    here, e2e = Path(__file__).parent, Path(__file__).parent.parent / "e2e"
-
-    def rank(item) -> int:
-        path = Path(item.path)
-        return 1 if path.is_relative_to(here) else 2 if path.is_relative_to(e2e) else 0
-
-    items.sort(key=rank)  # stable: each group keeps its order
 
 
 def pytest_terminal_summary(terminalreporter):

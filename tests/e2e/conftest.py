@@ -48,7 +48,8 @@ def cluster(demo_model, tmp_path_factory) -> LocalCluster:
     log_dir = tmp_path_factory.mktemp("cluster-logs")
     local = LocalCluster(e2e_spec(), log_dir)
     start_cluster(local)
-    local.supervise()  # a component that dies on its own is restarted, as under `make up` (tests/e2e/test_zz_faults.py)
+    # A component that dies on its own is restarted, as under `make up` (tests/e2e/test_self_healing.py).
+    local.supervise()
     yield local
     local.stop()
 

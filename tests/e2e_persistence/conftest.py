@@ -8,8 +8,8 @@ through a symlink in a temporary folder: a test can put other weights behind the
 namespace per model exists for.
 
 Tests change the cluster with `PersistentCluster.ensure` (which restarts only the workers whose options or weights
-differ), so each test states the shape it needs and the file order only decides how many restarts happen. If the
-cluster cannot start, every test errors: none is skipped.
+differ), so each test states the shape it needs and the file order (tests/conftest.py) only decides how many
+restarts happen. If the cluster cannot start, every test errors: none is skipped.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ full) costs recomputation only: every answer is still correct, stored pages stil
 
 prefill-0 runs alone here, on a small tmpfs (root: this box and CI; a plain folder otherwise), with a max_size of 10
 pages. The decode keeps the cluster's KV directory: only the prefill writes this one. The model is the other-weights
-one that test_c_identity ends on (same shape and page size as the demo model), so that only the prefill restarts.
+one that test_model_identity.py ends on (same shape and page size as the demo model), so that only the prefill
+restarts (the two run in that order: tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A dying worker fails only the requests it held, fast and visibly; the cluster goes on serving and recovers.
 
-Named to run last: it kills and restarts workers of the shared cluster.
+Runs last (tests/conftest.py): it kills and restarts workers of the shared cluster.
 """
 
 from __future__ import annotations

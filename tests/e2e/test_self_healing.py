@@ -2,7 +2,8 @@
 router with no human action; a hung one (SIGSTOP of its whole process tree) is out of rotation within 10 s, the
 request it held ends with a clear error, the other decode serves, and SIGCONT brings it back.
 
-Named to run near the end: it kills and stops workers of the shared cluster (and leaves them all serving).
+Runs after the other e2e tests (tests/conftest.py): it kills and stops workers of the shared cluster (and leaves them
+all serving).
 """
 
 from __future__ import annotations
