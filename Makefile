@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
 
-.PHONY: setup system-packages venv model test unit e2e test-compose up bench bench-cluster bench-decode-only chaos \
+.PHONY: setup system-packages venv model test quick unit e2e test-compose up bench bench-cluster bench-decode-only chaos \
 	bench-persistence clean
 
 setup: system-packages venv model
@@ -35,6 +35,10 @@ model:
 
 test:
 	$(PY) -m pytest tests
+
+# Every test that starts no SGLang process and no Docker (the `cluster` marker: tests/conftest.py), in a few minutes.
+quick:
+	$(PY) -m pytest -m "not cluster" tests
 
 unit:
 	$(PY) -m pytest tests/unit
