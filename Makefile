@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
 
-.PHONY: setup system-packages venv model test unit e2e test-compose up bench bench-cluster bench-decode-only chaos \
+.PHONY: setup system-packages venv model test quick unit e2e test-compose up bench bench-cluster bench-decode-only chaos \
 	bench-persistence clean
 
 setup: system-packages venv model
@@ -35,6 +35,10 @@ model:
 
 test:
 	$(PY) -m pytest tests
+
+# Every test that starts no SGLang process and no Docker (the `cluster` marker: tests/conftest.py), in a few minutes.
+quick:
+	$(PY) -m pytest -m "not cluster" tests
 
 unit:
 	$(PY) -m pytest tests/unit
@@ -64,9 +68,10 @@ bench-cluster:
 bench-decode-only:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster --decode-only
 
-# Faults one at a time under load on a local 2P+2D cluster (~10 min): bench/results/chaos.json and .png.
+# Faults one at a time under load on a local 2P+2D cluster (~10 min), every answer checked: a correctness soak, not a
+# benchmark (tests/chaos/); results in tests/chaos/results/chaos.json and .png.
 chaos:
-	$(PY) -m bench.chaos
+	$(PY) -m tests.chaos
 
 # TTFT of long prompts cold, from the KV store on disk after a restart, from memory, and a chat's next turn, with
 # pdcluster's CPU attention on and off side by side (~30 min per model, under the cluster lock): the llama-small shape,

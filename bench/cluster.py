@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import cluster_plot, cluster_report, idle, report, serving
+from bench import cluster_plot, cluster_report, idle, procs, report, serving
 from bench import cluster_targets as targets
 
 REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
@@ -116,7 +116,7 @@ def run_busy_poll(args, load: dict, log_dir: Path, log) -> tuple[list, dict]:
         cluster.wait_ready()
         session.pids = cluster_pids(cluster)
         idle_cpu = session.idle(args.idle_seconds)
-        ours = targets.start_ours("router-ours", log_dir, targets.workers(cluster, "prefill"),
+        ours = procs.start_ours("router-ours", log_dir, targets.workers(cluster, "prefill"),
                                   targets.workers(cluster, "decode"), "round_robin")
         started.append(ours)
         targets.wait_generates(ours, 120)
@@ -147,13 +147,13 @@ def run_main(args, load: dict, log_dir: Path, log) -> tuple[list, dict, dict]:
         session.pids = {**cluster_pids(cluster), "colocated": colocated.popen.pid}
         idle_cpu = session.idle(args.idle_seconds)
         prefills, decodes = targets.workers(cluster, "prefill"), targets.workers(cluster, "decode")
-        routers = {"ours": targets.start_ours("router-ours", log_dir, prefills[:1], decodes, "round_robin"),
+        routers = {"ours": procs.start_ours("router-ours", log_dir, prefills[:1], decodes, "round_robin"),
                    # A second, identical copy of ours (an A/A control): how far two equal routers on the same
                    # workers drift apart is the noise any router difference must exceed.
-                   "ours-twin": targets.start_ours("router-ours-twin", log_dir, prefills[:1], decodes, "round_robin"),
-                   "sglang": targets.start_sglang_router(log_dir, prefills[0], decodes[0]),
-                   "prefix": targets.start_ours("router-prefix", log_dir, prefills, decodes, "prefix"),
-                   "round_robin": targets.start_ours("router-round-robin", log_dir, prefills, decodes, "round_robin")}
+                   "ours-twin": procs.start_ours("router-ours-twin", log_dir, prefills[:1], decodes, "round_robin"),
+                   "sglang": procs.start_sglang(log_dir, prefills[0], decodes[0]),
+                   "prefix": procs.start_ours("router-prefix", log_dir, prefills, decodes, "prefix"),
+                   "round_robin": procs.start_ours("router-round-robin", log_dir, prefills, decodes, "round_robin")}
         started += routers.values()
         for proc in routers.values():
             targets.wait_generates(proc, 120)
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{model.path} is missing: `make setup` builds it")
     log_dir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     log(f"process logs and bench_serving outputs in {log_dir}")
-    machine = {**report.machine(), "cores_busy_before_start": round(procs_busy(), 3)}
+    machine = {**report.machine(), "cores_busy_before_start": round(idle.busy_cores(2.0), 3)}
     load = loads(args.quick)
     runs, idle_cpu = [], {}
     if not args.no_busy_poll:
@@ -244,12 +244,6 @@ def main(argv: list[str] | None = None) -> int:
         log(line)
     log(f"wrote {out}.json and {out}.png in {result['wall_seconds']} s")
     return 0
-
-
-def procs_busy() -> float:
-    before = idle.busy_cpu_seconds()
-    time.sleep(2.0)
-    return (idle.busy_cpu_seconds() - before) / 2.0
 
 
 if __name__ == "__main__":

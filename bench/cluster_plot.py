@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from bench.plot import pyplot, save, stamp
 
 PANELS = (
     ("random", ("request_throughput", "requests/s"), ("output_throughput", "output tokens/s"),
@@ -31,7 +28,7 @@ def draw(result: dict, path: Path) -> None:
     rows = [(workload, metric, title) for workload, *metrics in PANELS for metric, title in metrics]
     cols = 4
     extra = 3  # idle CPU, paired ratios, machine speed
-    fig, axes = plt.subplots((len(rows) + extra + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.2 * 4))
+    fig, axes = pyplot().subplots((len(rows) + extra + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.2 * 4))
     axes = axes.flatten()
     for ax, (workload, metric, title) in zip(axes, rows):
         keys = [k for k in summary if k.endswith(f"/{workload}") and metric in summary[k]]
@@ -57,13 +54,9 @@ def draw(result: dict, path: Path) -> None:
         ax.axis("off")
     m = result["machine"]
     model = Path(result["settings"].get("model", "models/tiny-llama")).name
-    fig.suptitle(f"pdcluster cluster benchmark (real SGLang, CPU, {model}) - {m['cpu_count']} CPUs, "
-                 f"{result['started_utc']}, commit {(m.get('git_commit') or '?')[:8]}; bars: median of "
+    fig.suptitle(f"pdcluster cluster benchmark (real SGLang, CPU, {model}) - {stamp(m)}; bars: median of "
                  f"{result['settings']['repeats']} repeats, dots: each repeat", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _paired(ax, ratios: dict) -> None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import psutil
 import yaml
 
 from bench import procs
@@ -45,17 +44,9 @@ MODELS = {
     "smollm2": BenchModel(models.SMOLLM2, "smollm2-135m-instruct", plan.CPU_FLAGS["max-total-tokens"],
                           {"ttft": 2500.0, "tpot": 250.0}),
 }
-# 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), chaos (38xxx), persistence (29xxx).
+# 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), tests/chaos (38xxx), persistence (29xxx).
 PORTS = {"router": 27000, "bootstrap": 27998, "prefill": 27100, "kv_bootstrap": 27300, "decode": 27200,
          "colocated": 27500}
-
-
-@dataclass
-class Worker:
-    """A worker of the local cluster as the router launchers in bench.procs want it (only .url is read)."""
-    name: str
-    url: str
-    kv_bootstrap_port: int | None = None
 
 
 def worker_config(role: str, sleep_on_idle: bool, out_dir: Path) -> str:
@@ -87,27 +78,10 @@ def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir
     return cluster
 
 
-def workers(cluster: LocalCluster, role: str) -> list[Worker]:
+def workers(cluster: LocalCluster, role: str) -> list[procs.Worker]:
     group = cluster.spec.prefill if role == "prefill" else cluster.spec.decode
-    return [Worker(f"{role}-{i}", f"http://127.0.0.1:{group.first_port + i}",
+    return [procs.Worker(f"{role}-{i}", f"http://127.0.0.1:{group.first_port + i}",
                    group.first_kv_bootstrap_port + i if role == "prefill" else None) for i in range(group.count)]
-
-
-def start_ours(name: str, log_dir: Path, prefills: list[Worker], decodes: list[Worker], policy: str) -> procs.Proc:
-    """Our router over a static list (no discovery: it must not pick up the other workers of the cluster)."""
-    port = procs.free_port()
-    config = {"host": procs.HOST, "port": port, "bootstrap_url": None,
-              "prefill": [{"url": w.url, "kv_bootstrap_port": w.kv_bootstrap_port} for w in prefills],
-              "decode": [{"url": w.url} for w in decodes],
-              "prefill_policy": policy, "decode_policy": "round_robin", "log_level": "warning",
-              "workers": 1}  # one process: on 2 cores the SGLang workers need the other one
-    path = log_dir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return procs.start(name, [sys.executable, "-m", "router", "--config", str(path)], log_dir, port)
-
-
-def start_sglang_router(log_dir: Path, prefill: Worker, decode: Worker) -> procs.Proc:
-    return procs.start_sglang(log_dir, prefill, decode, bootstrap_port=prefill.kv_bootstrap_port)
 
 
 def colocated_command(model: BenchModel, port: int, sleep_on_idle: bool) -> tuple[list[str], dict[str, str]]:
@@ -138,18 +112,3 @@ def flush_caches(urls: list[str]) -> None:
     """Empty every worker's radix cache, so no run profits from the prompts of the one before."""
     for url in urls:
         httpx.post(f"{url}/flush_cache", timeout=30)
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    total = 0.0
-    try:
-        root = psutil.Process(pid)
-        for p in [root, *root.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.NoSuchProcess:
-                pass
-    except psutil.NoSuchProcess:
-        pass
-    return total

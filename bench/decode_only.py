@@ -19,12 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import matplotlib
-
 from bench import procs, report, serving
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from bench.plot import pyplot, save
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIG = "configs/decode-only.yaml"
@@ -57,7 +53,7 @@ def batch_workload(batch: int, output_len: int) -> serving.Workload:
 def draw(result: dict, path: Path) -> None:
     rows = result["batches"]
     xs = [r["batch"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(11, 4))
     left.plot(xs, [r["output_throughput"]["median"] for r in rows], marker="o")
     left.set_title("decode throughput (output tokens/s, median)")
     right.plot(xs, [r["median_tpot_ms"]["median"] for r in rows], marker="o", label="TPOT p50")
@@ -70,9 +66,7 @@ def draw(result: dict, path: Path) -> None:
         ax.set_xlabel("requests in flight (decode batch)")
         ax.grid(alpha=0.3)
     fig.suptitle(f"decode only, fake KV (no prefill, no transfer) - {result['machine']['date_utc']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from bench.cluster_targets import tree_cpu_seconds
+from bench.procs import tree, tree_cpu_seconds
 
 
 def busy_cpu_seconds() -> float:
@@ -17,6 +17,13 @@ def busy_cpu_seconds() -> float:
     t = psutil.cpu_times()
     idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
     return sum(t) - idle  # guest time is counted in user time already
+
+
+def busy_cores(seconds: float) -> float:
+    """Cores the whole machine kept busy over the next `seconds` (what any other work on it shows as)."""
+    before = busy_cpu_seconds()
+    time.sleep(seconds)
+    return (busy_cpu_seconds() - before) / seconds
 
 
 def probe_ms(rounds: int = 3) -> float:
@@ -58,17 +65,13 @@ class Window:
 
 def _per_process(pids: dict[str, int]) -> dict[str, tuple[psutil.Process, float]]:
     found = {}
-    for tree, pid in pids.items():
-        try:
-            root = psutil.Process(pid)
-            for p in [root, *root.children(recursive=True)]:
-                try:
-                    t = p.cpu_times()
-                    found[f"{tree}/{p.pid} {p.name()}"] = (p, t.user + t.system)
-                except psutil.NoSuchProcess:
-                    pass
-        except psutil.NoSuchProcess:
-            pass
+    for name, pid in pids.items():
+        for p in tree(pid):
+            try:
+                t = p.cpu_times()
+                found[f"{name}/{p.pid} {p.name()}"] = (p, t.user + t.system)
+            except psutil.NoSuchProcess:
+                pass
     return found
 
 

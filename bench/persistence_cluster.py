@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,9 +12,9 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 import yaml
 
+from bench import idle
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 
 REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
@@ -136,11 +135,7 @@ def read_bandwidth(files: list[Path]) -> dict:
 
 def busy_cores(seconds: float = 1.0) -> float:
     """Cores busy over `seconds` just before a measurement (anything else running on the machine shows here)."""
-    before = psutil.cpu_times()
-    time.sleep(seconds)
-    after = psutil.cpu_times()
-    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0) - getattr(before, "iowait", 0))
-    return round((sum(after) - sum(before) - idle) / seconds, 2)
+    return round(idle.busy_cores(seconds), 2)
 
 
 class Side:

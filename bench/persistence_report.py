@@ -4,17 +4,11 @@ repeat), ITL percentiles, the targets of issue 23, the machine, the plot."""
 from __future__ import annotations
 
 import os
-import platform
 import statistics
-import subprocess
-import time
 from pathlib import Path
 
-import psutil
-
-from bench.persistence_cluster import REPO
-
-
+from bench.plot import pyplot, save
+from bench.report import machine as report_machine
 
 SERIES = ("cold", "storage", "disk", "memory")
 MODES = ("on", "off")
@@ -27,7 +21,7 @@ def _median(values) -> float:
 
 def _percentiles(values: list[float]) -> dict:
     ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
     return {"n": len(ordered), "p50_ms": round(pick(0.5) * 1e3, 2), "p90_ms": round(pick(0.9) * 1e3, 2),
             "p99_ms": round(pick(0.99) * 1e3, 2), "mean_ms": round(statistics.fmean(ordered) * 1e3, 2)}
 
@@ -105,26 +99,12 @@ def report(model: dict, server: dict, lengths, repeats: int, samples: dict, rest
 
 
 def machine() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
-    import sglang
-    import torch
-
-    return {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "git_commit": commit,
-            "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "python": platform.python_version(),
-            "torch": torch.__version__, "sglang": sglang.__version__,
-            "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+    """bench.report's machine, with the load at the end (a persistence run takes half an hour on a shared machine)."""
+    return {**report_machine(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ttft_ax, ratio_ax, itl_ax) = plt.subplots(1, 3, figsize=(16, 5), gridspec_kw={"width_ratios": [3, 3, 2]})
     colors = {"cold": "#d62728", "storage": "#1f77b4", "disk": "#17becf", "memory": "#2ca02c"}
     labels = {"cold": "cold", "storage": "from disk (page cache)", "disk": "from disk (page cache dropped)",
@@ -160,8 +140,7 @@ def plot(result: dict, path: Path) -> None:
     fig.suptitle(f"pdcluster CPU attention on/off, 1 prefill + 1 decode on 2 CPU cores: {m['name']} "
                  f"({(m['parameters'] or 0) / 1e6:.0f}M params, {m['kv_bytes_per_token'] // 1024} KiB KV/token)",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path, dpi=110)
 
 
 def summary(result: dict, out: Path) -> None:

@@ -1,4 +1,5 @@
-"""Start, watch and stop the processes a benchmark needs: the fake workers and the two routers under test.
+"""Start, watch and stop the processes a benchmark needs: the fake workers, the routers under test, any process
+tree's CPU time; bench/'s one set of process and port helpers.
 
 Every process is started here and stopped here by its own PID (and that PID's children): nothing is killed by
 name, so other work on the machine is left alone.
@@ -17,16 +18,47 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
-BOOTSTRAP_PORT = 8999  # a prefill's KV bootstrap port, only passed along: nothing listens there
+BOOTSTRAP_PORT = 8999  # the fake prefill's KV bootstrap port (bench.router), only passed along: nothing listens
 
 
-def free_port() -> int:
+def free_port(host: str = HOST) -> int:
+    """A port the OS reports free on `host` now. The tree's one copy: the tests import it too (tests/helpers.py)."""
     with socket.socket() as sock:
-        sock.bind((HOST, 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """The process and its live descendants (empty once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) used so far by the process and its live descendants."""
+    total = 0.0
+    for p in tree(pid):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+@dataclass
+class Worker:
+    """A worker as the routers under test are given it: its URL, and a prefill's KV bootstrap port."""
+    name: str
+    url: str
+    kv_bootstrap_port: int | None = None
 
 
 @dataclass
@@ -41,16 +73,7 @@ class Proc:
         return f"http://{HOST}:{self.port}"
 
     def cpu_seconds(self) -> float:
-        """CPU time (user + system, all threads) used so far by the process and its live children."""
-        total = 0.0
-        try:
-            proc = psutil.Process(self.popen.pid)
-            for p in [proc, *proc.children(recursive=True)]:
-                times = p.cpu_times()
-                total += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-        return total
+        return tree_cpu_seconds(self.popen.pid)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -58,10 +81,7 @@ class Proc:
     def stop(self) -> None:
         if not self.alive():
             return
-        try:
-            children = psutil.Process(self.popen.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            children = []
+        children = tree(self.popen.pid)[1:]
         self.popen.send_signal(signal.SIGINT)
         try:
             self.popen.wait(timeout=5)
@@ -121,23 +141,25 @@ def start_fake(name: str, log_dir: Path, chunks: int) -> Proc:
                  log_dir, port)
 
 
-def start_ours(log_dir: Path, prefill: Proc, decode: Proc, log_level: str = "warning", workers: int = 1) -> Proc:
+def start_ours(name: str, log_dir: Path, prefills: list[Worker], decodes: list[Worker], policy: str = "round_robin",
+               log_level: str = "warning", workers: int = 1) -> Proc:
+    """Our router over a static list of workers (no bootstrap service: it must not discover any other worker). One
+    process by default: next to real SGLang workers on 2 cores, they need the other core."""
     port = free_port()
-    config = log_dir / "router.yaml"
-    config.write_text(
-        "# written by bench.procs: our router, static workers (the fakes), no bootstrap service\n"
-        f"host: {HOST}\nport: {port}\nbootstrap_url: null\n"
-        f"prefill: [{{url: \"{prefill.url}\", kv_bootstrap_port: {BOOTSTRAP_PORT}}}]\n"
-        f"decode: [{{url: \"{decode.url}\"}}]\n"
-        f"prefill_policy: round_robin\ndecode_policy: round_robin\nlog_level: {log_level}\nworkers: {workers}\n")
-    return start("router_ours", [sys.executable, "-m", "router", "--config", str(config)], log_dir, port)
+    config = {"host": HOST, "port": port, "bootstrap_url": None,
+              "prefill": [{"url": w.url, "kv_bootstrap_port": w.kv_bootstrap_port} for w in prefills],
+              "decode": [{"url": w.url} for w in decodes],
+              "prefill_policy": policy, "decode_policy": "round_robin", "log_level": log_level, "workers": workers}
+    path = log_dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return start(name, [sys.executable, "-m", "router", "--config", str(path)], log_dir, port)
 
 
-def start_sglang(log_dir: Path, prefill: Proc, decode: Proc, bootstrap_port: int = BOOTSTRAP_PORT) -> Proc:
+def start_sglang(log_dir: Path, prefill: Worker, decode: Worker) -> Proc:
     """SGLang's Rust router in PD mode over one prefill (with its KV bootstrap port) and one decode."""
     port = free_port()
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-            "--prefill", prefill.url, str(bootstrap_port), "--decode", decode.url,
+            "--prefill", prefill.url, str(prefill.kv_bootstrap_port), "--decode", decode.url,
             "--host", HOST, "--port", str(port), "--policy", "round_robin",
             "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
             "--log-level", "warn", "--shutdown-grace-period-secs", "1"]

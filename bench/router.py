@@ -16,9 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
-from bench import loadgen, plot, procs, report
+from bench import idle, loadgen, procs, report, router_plot
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONTENDED_CORES = 0.3  # a cell where processes outside the benchmark used more CPU than this is flagged
@@ -28,19 +26,11 @@ def wait_for_quiet(max_wait: float) -> float:
     """Wait (up to max_wait s) until the machine is nearly idle; return the cores busy at the last look."""
     deadline = time.monotonic() + max_wait
     while True:
-        before = _busy_cpu_seconds()
-        time.sleep(2.0)
-        busy = (_busy_cpu_seconds() - before) / 2.0
+        busy = idle.busy_cores(2.0)
         if busy < CONTENDED_CORES or time.monotonic() >= deadline:
             return round(busy, 3)
         print(f"bench: the machine is busy ({busy:.2f} cores used by others); waiting for it to calm down",
               flush=True)
-
-
-def _busy_cpu_seconds() -> float:
-    t = psutil.cpu_times()
-    idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
-    return sum(t) - idle  # guest time is counted in user time already
 
 
 def settle(watched: dict[str, procs.Proc], max_wait: float = 10.0) -> float:
@@ -75,10 +65,10 @@ def measure(name: str, port: int, conc: int, mode: str, args, watched: dict[str,
     settled = settle(watched)
     before_cpu = {k: p.cpu_seconds() for k, p in watched.items()}
     before_up = {k: procs.fake_generate_count(watched[k]) for k in ("fake_prefill", "fake_decode")}
-    before_busy, started = _busy_cpu_seconds(), time.monotonic()
+    before_busy, started = idle.busy_cpu_seconds(), time.monotonic()
     raw = loadgen.run(url, "/generate", body, stream, conc, args.duration)
     wall = time.monotonic() - started
-    busy = _busy_cpu_seconds() - before_busy
+    busy = idle.busy_cpu_seconds() - before_busy
     cell = {"target": name, "concurrency": conc, "mode": mode, **loadgen.summarize(raw, stream)}
     cores = {k: round((p.cpu_seconds() - before_cpu[k]) / wall, 3) for k, p in watched.items()}
     cores["wrk"] = round(raw["cpu_seconds"] / wall, 3)
@@ -139,9 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         for fake in (prefill, decode):
             procs.wait_ready(fake, lambda f=fake: procs.request(f.port, "GET", "/health")[0] == 200, 30)
         ports, startup = {"direct": decode.port}, {}
-        routers = {"ours": lambda: procs.start_ours(logs, prefill, decode, args.router_log_level,
-                                                     workers=args.router_workers),
-                   "sglang": lambda: procs.start_sglang(logs, prefill, decode)}
+        # The fake prefill's KV bootstrap port is only passed along by the routers: nothing listens there.
+        pair = procs.Worker(prefill.name, prefill.url, procs.BOOTSTRAP_PORT), procs.Worker(decode.name, decode.url)
+        routers = {"ours": lambda: procs.start_ours("router_ours", logs, [pair[0]], [pair[1]],
+                                                     log_level=args.router_log_level, workers=args.router_workers),
+                   "sglang": lambda: procs.start_sglang(logs, *pair)}
         launched = {name: routers[name]() for name in args.targets if name in routers}
         started += launched.values()
         for name, proc in launched.items():
@@ -174,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "router.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot.draw(result, args.out / "router.png")
+    router_plot.draw(result, args.out / "router.png")
     print("\nverdicts:")
     for name, v in result["derived"]["verdicts"].items():
         print(f"  {'PASS' if v['pass'] else 'FAIL'}  {name}: {v['value']} (target {v['target']})")

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
-import time
 from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from tests.helpers import free_port, until
 
 
 @dataclass
@@ -101,12 +101,6 @@ class FakeWorker:
         yield b"data: [DONE]\n\n"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class ServerThread:
     """Run an ASGI app with uvicorn on a loopback port in a background thread."""
 
@@ -122,23 +116,10 @@ class ServerThread:
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise TimeoutError("server did not start")
-            time.sleep(0.01)
+        if not until(lambda: self.server.started, 10, 0.01):
+            raise TimeoutError("server did not start")
         return self
 
     def __exit__(self, *_exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-
-
-def until(predicate, timeout: float = 15.0, interval: float = 0.02) -> bool:
-    """Poll `predicate` until it holds or `timeout` seconds pass (generous timeouts: the machine may be busy)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False

@@ -1,7 +1,7 @@
 """The compose tests' fixtures: a Docker engine, the cpu image built as docker-compose.yml defines it, one project.
 
 Everything comes up once for tests/compose, in this order, and is torn down after its last test even when a test
-fails (package scope: gone before tests/e2e starts its own cluster in the same run):
+fails (package scope: gone before tests/e2e starts its own cluster in the same run; the order is tests/conftest.py's):
   1. the engine (tests/compose/engine.py: the running one, else our dockerd, stopped by its PID at the end);
   2. the base image (present, pulled, or made with debootstrap) and the image, built with `docker build` from what
      `docker compose --profile cpu config` says (Compose v5 builds only through the buildx plugin, absent here);
@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import yaml
 
 from tests.compose.base_image import dockerfile_bases, ensure_image
 from tests.compose.engine import Engine, EngineError, start_engine
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = REPO / "logs" / "compose-tests"
@@ -173,12 +173,6 @@ def serving(listing: list[dict], role: str) -> list[dict]:
             if w["role"] == role and not w["unusable"] and not w["incompatible"] and w["breaker"] == "closed"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def compose_env(port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -307,20 +301,6 @@ def project(engine, image) -> Project:
 def router(project):
     with httpx.Client(base_url=project.url, timeout=120) as client:
         yield client
-
-
-def pytest_collection_modifyitems(items):
-    """In a run of every test (`make test`), these run after the unit tests and before tests/e2e: the fixtures here
-    are package-scoped, so this cluster and its engine are gone before the end-to-end cluster (session-scoped, alive
-    to the end of the run) starts. The two never share the machine's memory: each SGLang worker takes ~2.4 GB, and
-    SGLang's HiCache wants free RAM beyond its pool at each worker's start (1 GiB on CPU, with pdcluster's plugin)."""
-    here, e2e = Path(__file__).parent, Path(__file__).parent.parent / "e2e"
-
-    def rank(item) -> int:
-        path = Path(item.path)
-        return 1 if path.is_relative_to(here) else 2 if path.is_relative_to(e2e) else 0
-
-    items.sort(key=rank)  # stable: each group keeps its order
 
 
 def pytest_terminal_summary(terminalreporter):

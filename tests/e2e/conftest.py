@@ -19,7 +19,7 @@ import pytest
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
 from pdcluster.models import DEMO_ARGS
 from tests.e2e.reference import ReferenceModel
-from tests.fakes import until
+from tests.helpers import CLUSTER_POLL, start_cluster, until
 
 # The cluster's relative paths are relative to the working directory: the tests run from the checkout's root.
 REPO = Path(__file__).resolve().parents[2]
@@ -47,15 +47,9 @@ def demo_model() -> Path:
 def cluster(demo_model, tmp_path_factory) -> LocalCluster:
     log_dir = tmp_path_factory.mktemp("cluster-logs")
     local = LocalCluster(e2e_spec(), log_dir)
-    local.start()
-    try:
-        local.wait_ready()
-    except Exception:
-        local.stop()
-        for process in local.processes.values():
-            print(f"----- {process.name} -----\n{process.tail(40)}", file=sys.stderr)
-        raise
-    local.supervise()  # a component that dies on its own is restarted, as under `make up` (tests/e2e/test_zz_faults.py)
+    start_cluster(local)
+    # A component that dies on its own is restarted, as under `make up` (tests/e2e/test_self_healing.py).
+    local.supervise()
     yield local
     local.stop()
 
@@ -71,10 +65,6 @@ def reference(demo_model) -> ReferenceModel:
     return ReferenceModel(str(demo_model))
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.2) -> bool:
-    return until(predicate, timeout, interval)  # the unit tests' helper, polling a real cluster less often
-
-
 def kill_tree(pid: int, sig: int = signal.SIGKILL, include_root: bool = True) -> None:
     """Kill a launcher's process tree on purpose: the cluster's supervisor leaves that component down until
     restart() (or Process.start) starts it again."""
@@ -87,22 +77,6 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL, include_root: bool = True) ->
             pass
 
 
-def used_tokens(worker_url: str) -> int:
-    """SGLang's live KV usage (asked of the scheduler, not a cached metric)."""
-    loads = httpx.get(f"{worker_url}/v1/loads", params={"include": "core"}, timeout=10).json()["loads"]
-    return sum(load["num_used_tokens"] for load in loads)
-
-
-def listing(cluster, role: str | None = None) -> list[dict]:
-    params = {"role": role} if role else {}
-    return httpx.get(f"{cluster.spec.bootstrap_url}/v1/workers", params=params, timeout=5).json()["workers"]
-
-
-def worker_url(cluster, name: str) -> str:
-    group, index = name.split("-")
-    spec = cluster.spec.prefill if group == "prefill" else cluster.spec.decode
-    return f"http://127.0.0.1:{spec.first_port + int(index)}"
-
 
 def restart(cluster, names: list[str], router) -> None:
     for name in names:
@@ -112,5 +86,6 @@ def restart(cluster, names: list[str], router) -> None:
             process.popen.wait(timeout=30)
         process.start()
     want = len(cluster.processes) - 2  # every worker
-    assert wait_for(lambda: sum(w["healthy"] for w in router.get("/ready").json()["workers"]) == want, 300), (
+    assert until(lambda: sum(w["healthy"] for w in router.get("/ready").json()["workers"]) == want, 300,
+                 CLUSTER_POLL), (
         router.get("/ready").json())

@@ -20,8 +20,8 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from tests.e2e.conftest import listing
 from tests.e2e.fuzz_bodies import BodyMaker
+from tests.helpers import listing
 
 FUZZ_EXAMPLES = int(os.environ.get("PDCLUSTER_FUZZ_EXAMPLES", "120"))
 SEED = int(os.environ.get("PDCLUSTER_FUZZ_SEED") or random.SystemRandom().getrandbits(32))

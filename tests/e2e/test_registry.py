@@ -10,8 +10,8 @@ from collections import Counter
 
 import httpx
 
-from tests.e2e.conftest import listing, wait_for, worker_url
 from tests.e2e.reference import assert_matches
+from tests.helpers import CLUSTER_POLL, listing, until, worker_url
 
 
 def greedy(text: str, n: int = 6) -> dict:
@@ -58,7 +58,8 @@ def test_a_decode_with_another_page_size_is_listed_with_the_reason_and_never_pai
     try:
         row = next(w for w in listing(cluster) if w["registration"]["worker_id"] == "odd-decode")
         assert "page_size 16 vs 1" in row["incompatible"]
-        assert wait_for(lambda: any(w["worker_id"] == "odd-decode" for w in router.get("/ready").json()["workers"]), 5)
+        assert until(lambda: any(w["worker_id"] == "odd-decode" for w in router.get("/ready").json()["workers"]), 5,
+                     CLUSTER_POLL)
         decodes = {router.post("/generate", json=greedy(f"pairing {i}", 2)).headers["x-pdcluster-decode"]
                    for i in range(6)}
         assert "odd-decode" not in decodes and len(decodes) == 2
@@ -71,7 +72,7 @@ def test_restarted_router_serves_its_first_request_on_a_discovered_pair(cluster,
     process.signal(15)
     process.popen.wait(timeout=30)
     process.start()
-    assert wait_for(lambda: _ready(cluster.router_url), timeout=60)
+    assert until(lambda: _ready(cluster.router_url), timeout=60, interval=CLUSTER_POLL)
     response = httpx.post(f"{cluster.router_url}/generate", json=greedy("First after restart"), timeout=120)
     assert response.status_code == 200 and response.json()["meta_info"]["completion_tokens"] == 6
 
@@ -101,11 +102,11 @@ def test_bootstrap_service_restart_under_load_loses_no_request(cluster, router):
     service.signal(15)
     service.popen.wait(timeout=30)
     service.start()
-    assert wait_for(lambda: _listing_size(cluster) >= 0, timeout=30)
+    assert until(lambda: _listing_size(cluster) >= 0, timeout=30, interval=CLUSTER_POLL)
     restarted = time.monotonic()
-    assert wait_for(lambda: _listing_size(cluster) == 4, timeout=10)
+    assert until(lambda: _listing_size(cluster) == 4, timeout=10, interval=CLUSTER_POLL)
     refilled_after = time.monotonic() - restarted
-    wait_for(lambda: len(done) > 10, timeout=60)
+    until(lambda: len(done) > 10, timeout=60, interval=CLUSTER_POLL)
     stop.set()
     for thread in threads:
         thread.join(timeout=120)

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import listing, used_tokens, wait_for
 from tests.e2e.prompts import prompt_of_about
+from tests.helpers import CLUSTER_POLL, listing, until, used_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def prefix_router(cluster, tmp_path_factory):
     process = subprocess.Popen([sys.executable, "-m", "router", "--config", str(config)], cwd=REPO)
     url = "http://127.0.0.1:18001"
     try:
-        assert wait_for(lambda: _ok(f"{url}/ready"), timeout=60)
+        assert until(lambda: _ok(f"{url}/ready"), timeout=60, interval=CLUSTER_POLL)
         yield url
     finally:
         process.terminate()
@@ -74,7 +74,7 @@ def test_client_disconnect_mid_stream_aborts_both_halves_and_frees_the_kv(cluste
             next(lines)
         assert used_tokens(decode_url) > baseline[decode_url]
     # Leaving the block closes the connection: the client is gone.
-    assert wait_for(lambda: used_tokens(decode_url) == baseline[decode_url], timeout=10)
+    assert until(lambda: used_tokens(decode_url) == baseline[decode_url], timeout=10, interval=CLUSTER_POLL)
     after = aborts_sent(cluster.router_url)
     assert after.get("prefill", 0) == before.get("prefill", 0) + 1
     assert after.get("decode", 0) == before.get("decode", 0) + 1

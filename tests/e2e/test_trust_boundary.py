@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import listing
 from tests.e2e.prompts import prompt_of_about
+from tests.helpers import listing
 
 VOCAB = 1000  # scripts/build_demo_model.py
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench import decode_only, procs
+from bench import decode_only
 from tests.e2e.conftest import demo_model  # noqa: F401 - the fixture, shared by import
 
 PORT = 27650  # not bench.decode_only's 27600: a benchmark and this test may be started one after the other

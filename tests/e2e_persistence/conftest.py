@@ -8,8 +8,8 @@ through a symlink in a temporary folder: a test can put other weights behind the
 namespace per model exists for.
 
 Tests change the cluster with `PersistentCluster.ensure` (which restarts only the workers whose options or weights
-differ), so each test states the shape it needs and the file order only decides how many restarts happen. If the
-cluster cannot start, every test errors: none is skipped.
+differ), so each test states the shape it needs and the file order (tests/conftest.py) only decides how many
+restarts happen. If the cluster cannot start, every test errors: none is skipped.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import pytest
 import yaml
 
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
-from tests.e2e.conftest import demo_model, kill_tree, reference, wait_for  # noqa: F401 - fixtures shared by import
+from tests.e2e.conftest import demo_model, kill_tree, reference  # noqa: F401 - fixtures shared by import
 from tests.e2e.prompts import SENTENCES
 from tests.e2e.reference import Reference, ReferenceModel
+from tests.helpers import CLUSTER_POLL, give_up, until
 
 # The cluster's relative paths are relative to the working directory: the tests run from the checkout's root.
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +112,7 @@ class PersistentCluster:
 
     def wait_pages(self, at_least: int, base: Path | None = None, timeout: float = 30) -> int:
         """Pages are written by a background thread (and a decode's last page just after its answer): wait for them."""
-        wait_for(lambda: self.pages(base) >= at_least, timeout)
+        until(lambda: self.pages(base) >= at_least, timeout, interval=CLUSTER_POLL)
         return self.pages(base)
 
     def settle(self, base: Path | None = None, quiet: float = 1.0, timeout: float = 30) -> None:
@@ -173,7 +174,7 @@ class PersistentCluster:
         """Start HiCache workers only when SGLang will let them: with less RAM available it refuses ("Not enough host
         memory available"), e.g. while other clusters run on the machine. Waits for it, then fails saying so."""
         need = (SGLANG_RESERVE_GIB + WORKER_GIB * workers) * 2**30
-        if not wait_for(lambda: psutil.virtual_memory().available >= need, timeout, interval=1.0):
+        if not until(lambda: psutil.virtual_memory().available >= need, timeout, interval=1.0):
             raise RuntimeError(f"{workers} HiCache worker(s) need {need / 2**30:.1f} GiB of available RAM to start "
                                f"(SGLang keeps a 10 GiB reserve); only {psutil.virtual_memory().available / 2**30:.1f}"
                                f" GiB were available for {timeout:.0f}s (other clusters running?)")
@@ -198,7 +199,7 @@ class PersistentCluster:
                 process.popen.wait(timeout=30)
         self.running.pop(name, None)
         # The router must have seen it go (SIGTERM deregisters at once; SIGKILL: failed probes, registry TTL).
-        assert wait_for(lambda: not self.healthy().get(self.worker_id(name)), 60), self.healthy()
+        assert until(lambda: not self.healthy().get(self.worker_id(name)), 60, interval=CLUSTER_POLL), self.healthy()
 
     def restart(self, names: list[str], sig: int = signal.SIGTERM) -> None:
         """Stop (SIGTERM, or SIGKILL of the whole process tree) and start again with the same options."""
@@ -288,10 +289,8 @@ def pc(demo_model, tmp_path_factory) -> PersistentCluster:
             for name in ("bootstrap", "router"):
                 local.processes[name].start()
             cluster.ensure()
-        except BaseException:  # an interrupt too: never leave a cluster behind
-            local.stop(timeout=60)
-            for process in local.processes.values():
-                print(f"----- {process.name} -----\n{process.tail(40)}", file=sys.stderr)
+        except BaseException:  # an interrupt too
+            give_up(local)
             raise
         try:
             yield cluster

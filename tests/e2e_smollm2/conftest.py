@@ -11,7 +11,6 @@ forward must stay well within the router's stall_timeout on 2 busy cores.
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 from pdcluster.models import SMOLLM2
 from tests.e2e.reference import ReferenceModel
-from tests.fakes import until
+from tests.helpers import start_cluster, until
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / SMOLLM2
@@ -60,14 +59,7 @@ def cluster(smollm2, kv_dir, tmp_path_factory) -> LocalCluster:
     # Another suite's workers may still be exiting; if the RAM never comes, SGLang's own refusal says so in the log.
     until(lambda: psutil.virtual_memory().available >= NEEDED_GIB * 2**30, 300, 1.0)
     local = LocalCluster(spec(kv_dir), tmp_path_factory.mktemp("smollm2-logs"))
-    local.start()
-    try:
-        local.wait_ready()
-    except BaseException:  # an interrupt too: never leave a cluster behind
-        local.stop(timeout=60)
-        for process in local.processes.values():
-            print(f"----- {process.name} -----\n{process.tail(40)}", file=sys.stderr)
-        raise
+    start_cluster(local)
     yield local
     local.stop(timeout=60)
 

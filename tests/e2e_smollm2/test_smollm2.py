@@ -12,7 +12,7 @@ import pytest
 from tests.e2e.prompts import prompt_of_about
 from tests.e2e.reference import assert_matches
 from tests.e2e_smollm2.conftest import restart_prefill
-from tests.fakes import until
+from tests.helpers import until
 
 MODEL = "smollm2-135m-instruct"
 MAX_NEW = 16

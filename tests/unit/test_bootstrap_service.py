@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from bootstrap.app import create_app
 from bootstrap.config import BootstrapConfig
-from tests.fakes import until
+from tests.helpers import until
 
 
 def registration(worker_id: str, role: str = "decode", page_size: int = 1, **extra) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import socket
 import subprocess
 import sys
 from importlib import resources
@@ -21,6 +20,8 @@ from urllib.parse import urlsplit
 import jsonschema
 import pytest
 import yaml
+
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -186,18 +187,12 @@ print("RESULTS " + json.dumps(results))
 """
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("0.0.0.0", 0))
-        return sock.getsockname()[1]
-
-
 def dry_run_argv(name: str, command: list[str]) -> list[str]:
     """The service's command, plus --dry-run; workers also get a port the OS reports free here (the config's port is
     the container's own: whatever listens on this machine must not fail the check)."""
     argv = list(command)
     if name in WORKERS:
-        return [*argv, "--dry-run", "--port", str(free_port())]
+        return [*argv, "--dry-run", "--port", str(free_port("0.0.0.0"))]
     if name == "bootstrap" and "--dry-run" not in (REPO / "bootstrap" / "__main__.py").read_text():
         return argv  # no --dry-run: it runs up to uvicorn.run, which the runner records instead of serving
     return [*argv, "--dry-run"]

@@ -18,7 +18,8 @@ from bootstrap.status import format_table
 from pdcluster.protocol import WorkerListing
 from router.app import create_app
 from router.config import RouterConfig
-from tests.fakes import Behaviour, FakeWorker, ServerThread, until
+from tests.fakes import Behaviour, FakeWorker, ServerThread
+from tests.helpers import until
 from tests.unit.test_bootstrap_service import registration
 
 

@@ -27,7 +27,8 @@ from router.liveness import (
     read_snapshot,
 )
 from router.workers import Worker, WorkerPool
-from tests.fakes import Behaviour, FakeWorker, ServerThread, until
+from tests.fakes import Behaviour, FakeWorker, ServerThread
+from tests.helpers import until
 
 CONFIG = RouterConfig(liveness_interval=1.0, liveness_timeout=5.0, stall_timeout=6.0)
 

@@ -13,7 +13,7 @@ import pytest
 
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, Process, WorkerGroupSpec, hold_pid
 from pdcluster.restarts import Backoff, RestartPolicy
-from tests.fakes import until
+from tests.helpers import until
 
 
 class Clock:

@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.app import create_app
 from router.config import RouterConfig
-from tests.fakes import Behaviour, FakeWorker, ServerThread, until
+from tests.fakes import Behaviour, FakeWorker, ServerThread
+from tests.helpers import until
 
 
 @contextmanager

@@ -14,7 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fakes import FakeWorker, ServerThread, free_port
+from tests.fakes import FakeWorker, ServerThread
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,8 @@ import pytest
 
 from router.app import create_app
 from router.config import RouterConfig
-from tests.fakes import Behaviour, FakeWorker, ServerThread, until
+from tests.fakes import Behaviour, FakeWorker, ServerThread
+from tests.helpers import until
 from tests.unit.test_router_pd import cluster
 
 

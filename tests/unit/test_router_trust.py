@@ -18,7 +18,7 @@ from router.breaker import CircuitBreaker
 from router.config import RouterConfig
 from router.workers import Worker, WorkerPool
 from tests.fakes import Behaviour, FakeWorker, ServerThread
-from tests.fakes import until
+from tests.helpers import until
 from tests.unit.test_router_pd import metric
 
 VOCAB, CONTEXT = 1000, 4096

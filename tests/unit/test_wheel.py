@@ -13,7 +13,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["pdcluster-prefill", "pdcluster-decode", "pdcluster-router", "pdcluster-bootstrap", "pdcluster-local",
@@ -80,12 +81,6 @@ def installed(tmp_path_factory) -> Installed:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env |= {"PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", "VIRTUAL_ENV": str(venv)}
     return Installed(wheel, venv, site.resolve(), outside, env)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_the_wheel_has_the_cpu_shim_inside_pdcluster_and_no_top_level_sgl_kernel(installed):

@@ -3,7 +3,8 @@ full) costs recomputation only: every answer is still correct, stored pages stil
 
 prefill-0 runs alone here, on a small tmpfs (root: this box and CI; a plain folder otherwise), with a max_size of 10
 pages. The decode keeps the cluster's KV directory: only the prefill writes this one. The model is the other-weights
-one that test_c_identity ends on (same shape and page size as the demo model), so that only the prefill restarts.
+one that test_model_identity.py ends on (same shape and page size as the demo model), so that only the prefill
+restarts (the two run in that order: tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import httpx
 import pytest
 
 from tests.e2e.reference import assert_matches
-from tests.e2e.conftest import wait_for
 from tests.e2e_persistence.conftest import greedy_ids, prompt_ids
+from tests.helpers import CLUSTER_POLL, until
 
 MAX_NEW = 8
 PAGE_BYTES = 64 * 1024  # the demo shape, float32: 2 layers x (K, V) x 64 values x 4 bytes x 64 tokens
@@ -88,7 +89,7 @@ def errors_logged(pc, offset: int, *reasons: str) -> list[str]:
             return [line for line in handle.read().decode(errors="replace").splitlines()
                     if "Failed to save tensor" in line and any(reason in line for reason in reasons)]
 
-    wait_for(lambda: read(), 15)  # written by a background thread, maybe after the answer
+    until(lambda: read(), 15, interval=CLUSTER_POLL)  # written by a background thread, maybe after the answer
     time.sleep(1.0)
     return read()
 

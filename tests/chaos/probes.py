@@ -1,4 +1,4 @@
-"""bench.chaos: the probes behind the router's liveness thresholds (docs/faults.md): /v1/loads four times a
+"""tests.chaos: the probes behind the router's liveness thresholds (docs/faults.md): /v1/loads four times a
 second and SGLang's /health, per worker."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 
 import httpx
 
-from bench.chaos_cluster import worker_url
-from bench.chaos_load import Load
-from pdcluster.local import LocalSpec
+from pdcluster.local import LocalCluster
+from tests.chaos.load import Load
+from tests.helpers import worker_url
 
 
 class Probes:
@@ -18,10 +18,10 @@ class Probes:
     long it takes to answer, and how long the scheduler's snapshot stays unchanged while it has work. In the
     steady phase also SGLang's /health (a real generation), for comparison."""
 
-    def __init__(self, spec: LocalSpec, load: Load):
-        self.spec, self.load = spec, load
-        self.names = [*(f"prefill-{i}" for i in range(spec.prefill.count)),
-                      *(f"decode-{i}" for i in range(spec.decode.count))]
+    def __init__(self, cluster: LocalCluster, load: Load):
+        self.cluster, self.load = cluster, load
+        self.names = [*(f"prefill-{i}" for i in range(cluster.spec.prefill.count)),
+                      *(f"decode-{i}" for i in range(cluster.spec.decode.count))]
         self.samples: dict[str, list[tuple[float, float | None, bool | None, float | None, float]]] = {
             n: [] for n in self.names}
         self.health: dict[str, list[tuple[float, float | None]]] = {n: [] for n in self.names}  # (t, seconds)
@@ -37,7 +37,7 @@ class Probes:
             thread.start()
 
     def _run(self, name: str) -> None:
-        url = worker_url(self.spec, name)
+        url = worker_url(self.cluster, name)
         last_stamps, last_change = None, None
         with httpx.Client(timeout=10) as client:
             while not self.stop.is_set():
@@ -64,7 +64,7 @@ class Probes:
                 self.stop.wait(max(0.0, 0.25 - (time.monotonic() - began)))
 
     def _heavy(self, name: str) -> None:
-        url = worker_url(self.spec, name)
+        url = worker_url(self.cluster, name)
         with httpx.Client(timeout=30) as client:
             while not self.stop.is_set():
                 if not self.heavy.wait(0.5):

@@ -1,6 +1,6 @@
 """A dying worker fails only the requests it held, fast and visibly; the cluster goes on serving and recovers.
 
-Named to run last: it kills and restarts workers of the shared cluster.
+Runs last (tests/conftest.py): it kills and restarts workers of the shared cluster.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import time
 import httpx
 import psutil
 
-from tests.e2e.conftest import kill_tree, listing, restart, used_tokens, wait_for, worker_url
+from tests.e2e.conftest import kill_tree, restart
+from tests.helpers import CLUSTER_POLL, listing, until, used_tokens, worker_url
 
 LONG_STREAM = {"text": "Tell me a very long story", "stream": True,
                "sampling_params": {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}}
@@ -61,7 +62,8 @@ def test_prefill_killed_mid_request_gives_an_error_within_5s_and_frees_the_decod
     error = json.loads(events[-1].removeprefix("data: "))["error"]
     assert "prefill" in error["message"] and error["code"] in (502, 503, 504)
     # Freed once SGLang gives up on the dead prefill's drain ack (configs/decode.yaml: 5 s), not after 300 s.
-    assert wait_for(lambda: used_tokens(worker_url(cluster, decode_name)) == decode_baselines[decode_name], 15)
+    assert until(lambda: used_tokens(worker_url(cluster, decode_name)) == decode_baselines[decode_name], 15,
+                 CLUSTER_POLL)
     restart(cluster, [name], router)
 
 
@@ -69,7 +71,7 @@ def test_kill_9_of_a_decode_drops_it_from_the_listing_and_requests_keep_succeedi
     victim = cluster.processes["decode-1"]
     kill_tree(victim.popen.pid)  # launcher included: no clean deregistration, only the TTL can tell
     ttl = 5.0  # configs/bootstrap.yaml
-    assert wait_for(lambda: len(listing(cluster, "decode")) == 1, timeout=ttl + 2)
+    assert until(lambda: len(listing(cluster, "decode")) == 1, timeout=ttl + 2, interval=CLUSTER_POLL)
     for i in range(6):
         response = router.post("/generate", json={"text": f"still serving {i}", "sampling_params": {"max_new_tokens": 2}})
         assert response.status_code == 200, response.text
@@ -90,7 +92,7 @@ def test_decode_killed_mid_stream_gives_an_error_within_10s_and_ready_turns_fals
     assert events[-1] != "data: [DONE]", "the stream ended as if nothing happened"
     last = json.loads(events[-1].removeprefix("data: "))
     assert last["error"]["code"] in (502, 503, 504) and "decode" in last["error"]["message"]
-    assert wait_for(lambda: router.get("/ready").status_code == 503, timeout=10)
+    assert until(lambda: router.get("/ready").status_code == 503, timeout=10, interval=CLUSTER_POLL)
     refused = router.post("/generate", json={"text": "hi"})
     assert refused.status_code == 503 and refused.json()["error"]["type"] == "unavailable"
     decode.popen.wait(timeout=30)

@@ -1,4 +1,4 @@
-"""bench.chaos: the run's summary, its JSON (compact rows) and its picture."""
+"""tests.chaos: the run's summary, its JSON (compact rows) and its picture."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import re
 import statistics
 from pathlib import Path
 
-from bench.chaos_cluster import DEADLINE, SIZES
-from bench.chaos_load import Record
+from bench.plot import pyplot, save
+from tests.chaos.cluster import DEADLINE, SIZES
+from tests.chaos.load import Record
 
 
 def summarize(records: list[Record]) -> dict:
@@ -53,11 +54,6 @@ def timeline(records: list[Record]) -> list[dict]:
 
 
 def draw(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = result["timeline"]
     if not rows:
         return
@@ -68,7 +64,7 @@ def draw(result: dict, path: Path) -> None:
         return [sum(values[max(0, i - window + 1):i + 1]) / min(window, i + 1) for i in range(len(values))]
 
     t = [r["t"] for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(15, 9), sharex=True, gridspec_kw={"height_ratios": [1, 1]})
+    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(15, 9), sharex=True, gridspec_kw={"height_ratios": [1, 1]})
     top.plot(t, rate("ok"), color="#2ca02c", label="right answers/s")
     top.plot(t, rate("error"), color="#d62728", label="clear errors/s (JSON 4xx/5xx, SSE error event)")
     refused = top.twinx()
@@ -115,6 +111,4 @@ def draw(result: dict, path: Path) -> None:
                       "every worker serves again; dotted: out of rotation; dashed: SIGCONT / network back)")
     bottom.legend(loc="upper left", fontsize=8)
     bottom.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)

@@ -1,4 +1,4 @@
-"""bench.chaos: the load. Client threads send one request at a time through the router and judge every answer
+"""tests.chaos: the load. Client threads send one request at a time through the router and judge every answer
 against plain `transformers` greedy decoding: ok, a clear error, refused, or a defect."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from bench.chaos_cluster import DEADLINE, MAX_NEW, SIZES
+from tests.chaos.cluster import DEADLINE, MAX_NEW, SIZES
 from tests.e2e.prompts import prompt_of_about
 from tests.e2e.reference import TIE_MARGIN, ReferenceModel
 

@@ -2,7 +2,8 @@
 router with no human action; a hung one (SIGSTOP of its whole process tree) is out of rotation within 10 s, the
 request it held ends with a clear error, the other decode serves, and SIGCONT brings it back.
 
-Named to run near the end: it kills and stops workers of the shared cluster (and leaves them all serving).
+Runs after the other e2e tests (tests/conftest.py): it kills and stops workers of the shared cluster (and leaves them
+all serving).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import time
 import httpx
 import psutil
 
-from tests.e2e.conftest import used_tokens, wait_for, worker_url
 from tests.e2e.reference import assert_matches
+from tests.helpers import CLUSTER_POLL, until, used_tokens, worker_url
 
 GREEDY = {"sampling_params": {"max_new_tokens": 8, "temperature": 0}}
 LONG_STREAM = {"text": "Tell me a long story", "stream": True,
@@ -48,10 +49,10 @@ def test_kill_9_of_a_prefills_sglang_is_healed_with_no_human_action(cluster, rou
     launcher, restarts = process.popen.pid, process.restarts
     sglang = next(p for p in psutil.Process(launcher).children() if "sglang" in " ".join(p.cmdline()))
     sglang.send_signal(signal.SIGKILL)  # SGLang crashes; its launcher exits 137; nobody asked for any of it
-    assert wait_for(lambda: process.restarts == restarts + 1, timeout=30), "the supervisor did not restart it"
+    assert until(lambda: process.restarts == restarts + 1, 30, CLUSTER_POLL), "the supervisor did not restart it"
     assert process.popen.pid != launcher
     # SGLang starts again (~30 s on an idle 2-core machine), registers, and the router takes it back.
-    assert wait_for(lambda: all_healthy(router), timeout=400, interval=1.0), router.get("/ready").json()
+    assert until(lambda: all_healthy(router), timeout=400, interval=1.0), router.get("/ready").json()
     text = "The restarted prefill answers"
     want = reference.greedy(text, 8)
     served = set()
@@ -64,7 +65,7 @@ def test_kill_9_of_a_prefills_sglang_is_healed_with_no_human_action(cluster, rou
 
 
 def test_sigstop_of_a_decodes_tree_is_detected_within_10s_and_sigcont_readmits_it(cluster, router):
-    assert wait_for(lambda: all_healthy(router), timeout=60)
+    assert until(lambda: all_healthy(router), timeout=60, interval=CLUSTER_POLL)
     baseline = used_tokens(worker_url(cluster, "decode-0"))
     # A long stream, on decode-0 (round robin: a few tries at most).
     for _ in range(4):
@@ -87,7 +88,7 @@ def test_sigstop_of_a_decodes_tree_is_detected_within_10s_and_sigcont_readmits_i
         try:
             events += [line for line in lines if line.startswith("data:")]
             ended_after = time.monotonic() - stopped_at
-            assert wait_for(lambda: healthy(router, victim) is not True, timeout=HUNG_WITHIN)
+            assert until(lambda: healthy(router, victim) is not True, timeout=HUNG_WITHIN, interval=CLUSTER_POLL)
             detected_after = time.monotonic() - stopped_at
             # The other decode serves meanwhile.
             for i in range(4):
@@ -105,12 +106,12 @@ def test_sigstop_of_a_decodes_tree_is_detected_within_10s_and_sigcont_readmits_i
     error = json.loads(events[-1].removeprefix("data: "))["error"]
     assert error["code"] in (502, 503, 504) and "decode" in error["message"]
     # SIGCONT: back in rotation (heartbeats resume, the registry and the liveness probe take it back).
-    assert wait_for(lambda: healthy(router, victim) is True, timeout=20), router.get("/ready").json()
+    assert until(lambda: healthy(router, victim) is True, 20, CLUSTER_POLL), router.get("/ready").json()
     readmitted_after = time.monotonic() - resumed_at
     assert readmitted_after < 20
     decodes = {name_of(cluster, router.post("/generate", json={"text": f"both {i}", **GREEDY})
                        .headers["x-pdcluster-decode"]) for i in range(4)}
     assert decodes == {"decode-0", "decode-1"}
     # The abandoned stream's KV is freed once SGLang sees its client gone (no slot leaks through a hang).
-    assert wait_for(lambda: used_tokens(victim) == baseline, timeout=30), used_tokens(victim)
+    assert until(lambda: used_tokens(victim) == baseline, timeout=30, interval=CLUSTER_POLL), used_tokens(victim)
     assert all_healthy(router)

@@ -1,4 +1,4 @@
-"""bench.chaos: the faults (SIGSTOP of a tree or of a scheduler, kill -9, restarts, a network drop) and the
+"""tests.chaos: the faults (SIGSTOP of a tree or of a scheduler, kill -9, restarts, a network drop) and the
 timings each must meet: out of rotation within DETECT_LIMIT, every worker serving again within its limit."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from bench.chaos_cluster import (DETECT_LIMIT, HANG_SECONDS, LIMITS, all_serving, registered, sglang_main, tree,
-                                 wait_for, worker_healthy, worker_url)
-from bench.chaos_load import Load
-from bench.chaos_probes import Probes
+from bench.procs import tree
 from pdcluster.local import LocalCluster
+from tests.chaos.cluster import DETECT_LIMIT, HANG_SECONDS, LIMITS, all_serving, registered, sglang_main, worker_healthy
+from tests.chaos.load import Load
+from tests.chaos.probes import Probes
+from tests.helpers import seconds_until, worker_url
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Chaos:
 
     def _out_of_rotation(self, url: str, result: FaultResult, began: float) -> None:
         result.limit_detect_s = DETECT_LIMIT
-        seen = wait_for(lambda: worker_healthy(self.cluster.router_url, url) is not True, DETECT_LIMIT + 20, 0.1)
+        seen = seconds_until(lambda: worker_healthy(self.cluster.router_url, url) is not True, DETECT_LIMIT + 20, 0.1)
         result.detected_s = None if seen is None else round(time.monotonic() - began, 2)
 
     def _stall(self, name: str, result: FaultResult) -> None:
@@ -67,7 +68,7 @@ class Chaos:
         self._hang(name, result, only=lambda p: p.name().startswith("sglang::sched"))
 
     def _hang(self, name: str, result: FaultResult, only=None) -> None:
-        url = worker_url(self.cluster.spec, name)
+        url = worker_url(self.cluster, name)
         processes = [p for p in tree(self.cluster.processes[name].popen.pid) if only is None or only(p)]
         if not processes:
             result.notes.append("no process to stop")
@@ -89,11 +90,11 @@ class Chaos:
         resumed = time.monotonic()
         self.probes.exclude(name, result.injected_at, result.resumed_at)
         result.limit_recover_s = LIMITS[result.kind]
-        took = wait_for(lambda: all_serving(self.cluster), LIMITS[result.kind] + 30)
+        took = seconds_until(lambda: all_serving(self.cluster), LIMITS[result.kind] + 30)
         result.recovered_s = None if took is None else round(time.monotonic() - resumed, 2)
 
     def _kill(self, name: str, result: FaultResult) -> None:
-        url = worker_url(self.cluster.spec, name)
+        url = worker_url(self.cluster, name)
         victim = sglang_main(self.cluster, name)
         if victim is None:
             result.notes.append("no SGLang process found")
@@ -102,7 +103,7 @@ class Chaos:
         victim.send_signal(signal.SIGKILL)  # SGLang crashes; its launcher exits; nobody asked for it
         self._out_of_rotation(url, result, began)
         result.limit_recover_s = LIMITS["kill"]
-        took = wait_for(lambda: self.cluster.processes[name].restarts > 0 and all_serving(self.cluster),
+        took = seconds_until(lambda: self.cluster.processes[name].restarts > 0 and all_serving(self.cluster),
                         LIMITS["kill"] + 60, 0.5)
         result.recovered_s = None if took is None else round(time.monotonic() - began, 2)
         self.probes.exclude(name, result.injected_at, self.load.now())
@@ -119,7 +120,7 @@ class Chaos:
         else:
             def back() -> bool:
                 return process.restarts > 0 and all_serving(self.cluster)
-        took = wait_for(back, LIMITS[name] + 60, 0.2)
+        took = seconds_until(back, LIMITS[name] + 60, 0.2)
         result.recovered_s = None if took is None else round(time.monotonic() - began, 2)
 
     def _network(self, name: str, result: FaultResult) -> None:
@@ -146,7 +147,7 @@ class Chaos:
         result.resumed_at = self.load.now()
         resumed = time.monotonic()
         result.limit_recover_s = LIMITS["network"]
-        took = wait_for(lambda: all_serving(self.cluster), LIMITS["network"] + 30)
+        took = seconds_until(lambda: all_serving(self.cluster), LIMITS["network"] + 30)
         result.recovered_s = None if took is None else round(time.monotonic() - resumed, 2)
         result.notes.append(f"injected for {resumed - began:.0f}s")
 

@@ -2,7 +2,7 @@
 at a time; every request must end as a right answer or a clear error, every fault must heal on its own within its
 limit, and at the end every worker must be back, registered, healthy, with its KV cache drained to its idle level.
 
-    python -m bench.chaos [--clients 6] [--steady 60] [--faults all] [--out bench/results/chaos]
+    python -m tests.chaos [--clients 6] [--steady 60] [--faults all] [--out tests/chaos/results/chaos]
 
 Load: `--clients` threads, each sending one request at a time through the router (a new connection each: no
 keep-alive races to muddy the verdict): /generate and /v1/completions, streamed or not, prompts of ~5 to ~1800
@@ -28,9 +28,10 @@ usage) and <out>.png (requests/s, errors and defects over time, the faults marke
 requirement failed. The probe measurements behind the router's liveness thresholds come from the same run
 (docs/faults.md).
 
-Modules: bench/chaos_cluster.py (the cluster, the limits, "is every worker serving?"), chaos_load.py (the clients and
-the verdict on every answer), chaos_probes.py (/v1/loads and /health timings), chaos_faults.py (the faults and their
-timings), chaos_report.py (summary, JSON, picture); this file runs them.
+Modules of tests/chaos/: cluster.py (the cluster, the limits, "is every worker serving?"), load.py (the clients and
+the verdict on every answer), probes.py (/v1/loads and /health timings), faults.py (the faults and their timings),
+report.py (summary, JSON, picture); this file runs them. A soak, not a pytest suite: no file here is named test_*,
+and tests/conftest.py keeps pytest out of this folder.
 """
 
 from __future__ import annotations
@@ -43,20 +44,21 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.chaos_cluster import (ALL_FAULTS, DEADLINE, SIZES, all_serving, chaos_spec, registered, used_tokens,
-                                 wait_for, worker_url)
-from bench.chaos_faults import Chaos, clean_iptables
-from bench.chaos_load import Load, build_prompts
-from bench.chaos_probes import Probes
-from bench.chaos_report import draw, dump, summarize, timeline
 from pdcluster.local import LocalCluster
+from tests.chaos.cluster import ALL_FAULTS, DEADLINE, SIZES, all_serving, chaos_spec, registered
+from tests.chaos.faults import Chaos, clean_iptables
+from tests.chaos.load import Load, build_prompts
+from tests.chaos.probes import Probes
+from tests.chaos.report import draw, dump, summarize, timeline
 from tests.e2e.reference import ReferenceModel
+from tests.helpers import seconds_until, used_tokens, worker_url
 
-REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
+REPO = Path(__file__).resolve().parents[2]  # runs from the checkout (`python -m tests.chaos`)
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--steady", type=float, default=60.0, help="seconds of load before the first fault")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds of load between faults")
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-port-base", type=int, default=39500)
     parser.add_argument("--prompts-per-size", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "chaos"), help="writes OUT.json, OUT.png")
+    parser.add_argument("--out", default=str(RESULTS / "chaos"), help="writes OUT.json, OUT.png")
     args = parser.parse_args(argv)
 
     faults = [] if args.faults == "none" else ALL_FAULTS if args.faults == "all" else [
@@ -108,15 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     load = probes = chaos = None
     verdicts: list[str] = []
     try:
-        started = wait_for(lambda: all_serving(cluster), cluster.spec.ready_timeout, 1.0)
+        started = seconds_until(lambda: all_serving(cluster), cluster.spec.ready_timeout, 1.0)
         if started is None:
             raise TimeoutError(f"the cluster did not get ready within {cluster.spec.ready_timeout:.0f}s")
         log(f"ready after {started:.0f}s")
         names = [*(f"prefill-{i}" for i in range(2)), *(f"decode-{i}" for i in range(2))]
-        baseline = {n: used_tokens(worker_url(spec, n)) for n in names}
+        baseline = {n: used_tokens(worker_url(cluster, n)) for n in names}
         restarts_at_ready = cluster.restarts()
         load = Load(cluster.router_url, prompts, reference.tokenizer, args.clients, args.seed)
-        probes = Probes(spec, load)
+        probes = Probes(cluster, load)
         load.start()
         probes.start()
         probes.heavy.set()
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - t_start > args.max_minutes * 60:
                 verdicts.append(f"fault {fault} not run: past --max-minutes")
                 continue
-            if wait_for(lambda: all_serving(cluster), 120) is None:
+            if seconds_until(lambda: all_serving(cluster), 120) is None:
                 verdicts.append(f"before {fault}: not every worker serving")
             time.sleep(args.settle)
             chaos.run(fault)
@@ -137,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         load.finish()
         probes.stop.set()
         # The end: every worker registered and healthy, and its KV back at its idle level.
-        end_ready = wait_for(lambda: all_serving(cluster) and registered(cluster) == 4, 300)
+        end_ready = seconds_until(lambda: all_serving(cluster) and registered(cluster) == 4, 300)
         kv_after = {}
-        drained = wait_for(lambda: all(kv_after.update({n: used_tokens(worker_url(spec, n))}) or
+        drained = seconds_until(lambda: all(kv_after.update({n: used_tokens(worker_url(cluster, n))}) or
                                        kv_after[n] <= baseline[n] for n in names), 60, 1.0)
         kv = {"baseline": baseline, "after": kv_after, "drained_s": None if drained is None else round(drained, 1)}
     except BaseException as exc:
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if kv and kv.get("drained_s") is None:
         verdicts.append(f"KV usage not back at its idle level: {kv}")
     result = {
-        "what": "bench/chaos.py: faults one at a time under load on a local 2P+2D cluster (CPU, tiny-llama)",
+        "what": "tests/chaos: faults one at a time under load on a local 2P+2D cluster (CPU, tiny-llama)",
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(began_wall)),
         "duration_s": round(time.monotonic() - t_start),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

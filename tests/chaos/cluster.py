@@ -1,15 +1,14 @@
-"""bench.chaos: the cluster under test (2 prefills, 2 decodes on ports of their own, on the demo model), the limits
+"""tests.chaos: the cluster under test (2 prefills, 2 decodes on ports of their own, on the demo model), the limits
 each fault must meet, and how the run asks the cluster whether every worker serves."""
 
 from __future__ import annotations
-
-import time
 
 import httpx
 import psutil
 
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 from pdcluster.models import DEMO_ARGS
+from tests.helpers import listing
 
 MAX_NEW = 32
 DEADLINE = 60.0  # no request may take longer, whatever happens to the cluster
@@ -39,17 +38,6 @@ def chaos_spec(base: int, kv_base: int) -> LocalSpec:
     )
 
 
-def worker_url(spec: LocalSpec, name: str) -> str:
-    group, index = name.split("-")
-    first = spec.prefill.first_port if group == "prefill" else spec.decode.first_port
-    return f"http://127.0.0.1:{first + int(index)}"
-
-
-def used_tokens(url: str) -> int:
-    loads = httpx.get(f"{url}/v1/loads", params={"include": "core"}, timeout=10).json()["loads"]
-    return sum(load["num_used_tokens"] for load in loads)
-
-
 def sglang_main(cluster: LocalCluster, name: str) -> psutil.Process | None:
     """The SGLang server process a worker's launcher runs (its direct child)."""
     try:
@@ -57,14 +45,6 @@ def sglang_main(cluster: LocalCluster, name: str) -> psutil.Process | None:
     except psutil.NoSuchProcess:
         return None
     return next((c for c in children if "sglang" in " ".join(c.cmdline())), None)
-
-
-def tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
 
 
 def ready(router_url: str) -> dict | None:
@@ -91,18 +71,6 @@ def all_serving(cluster: LocalCluster) -> bool:
 
 def registered(cluster: LocalCluster) -> int:
     try:
-        return len(httpx.get(f"{cluster.spec.bootstrap_url}/v1/workers", timeout=2).json()["workers"])
+        return len(listing(cluster))
     except (httpx.HTTPError, ValueError, KeyError):
         return -1
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.2) -> float | None:
-    """Seconds until predicate() held, or None if it did not within timeout."""
-    began = time.monotonic()
-    while time.monotonic() - began < timeout:
-        if predicate():
-            return time.monotonic() - began
-        time.sleep(interval)
-    return None
-
-

@@ -1,0 +1,73 @@
+"""The tests' helpers, in one place: a free port, waiting for a condition, and what the suites on a local cluster
+(pdcluster.local: tests/e2e*, tests/chaos) ask it. The hermetic fake worker is tests/fakes.py; each suite's
+conftest.py has what only that suite needs.
+
+free_port is bench/'s (bench.procs): the tests may import from bench/ (they test its code and start its decode-only
+worker), bench/ never from tests/, so what both need lives on that side.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import httpx
+
+from bench.procs import free_port
+
+__all__ = ["free_port", "seconds_until", "until", "used_tokens", "listing", "worker_url", "start_cluster", "give_up"]
+
+# How often to ask a real cluster (HTTP to a router or a scheduler): more often would load the 2 cores it runs on.
+CLUSTER_POLL = 0.2
+
+
+def seconds_until(predicate: Callable[[], object], timeout: float, interval: float = 0.02) -> float | None:
+    """Poll `predicate` until it holds: the seconds that took, or None if it did not within `timeout`."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if predicate():
+            return time.monotonic() - began
+        time.sleep(interval)
+    return None
+
+
+def until(predicate: Callable[[], object], timeout: float = 15.0, interval: float = 0.02) -> bool:
+    """Whether `predicate` held within `timeout` seconds (generous timeouts: the machine may be busy). The default
+    interval suits in-process fakes; a real cluster is polled every CLUSTER_POLL."""
+    return seconds_until(predicate, timeout, interval) is not None
+
+
+def used_tokens(worker_url: str) -> int:
+    """SGLang's live KV usage (asked of the scheduler, not a cached metric)."""
+    loads = httpx.get(f"{worker_url}/v1/loads", params={"include": "core"}, timeout=10).json()["loads"]
+    return sum(load["num_used_tokens"] for load in loads)
+
+
+def listing(cluster, role: str | None = None) -> list[dict]:
+    params = {"role": role} if role else {}
+    return httpx.get(f"{cluster.spec.bootstrap_url}/v1/workers", params=params, timeout=5).json()["workers"]
+
+
+def worker_url(cluster, name: str) -> str:
+    group, index = name.split("-")
+    spec = cluster.spec.prefill if group == "prefill" else cluster.spec.decode
+    return f"http://127.0.0.1:{spec.first_port + int(index)}"
+
+
+def start_cluster(local) -> None:
+    """Start a local cluster and wait until it serves; if it does not, give up on it, and raise."""
+    local.start()
+    try:
+        local.wait_ready()
+    except BaseException:  # an interrupt too
+        give_up(local)
+        raise
+
+
+def give_up(local) -> None:
+    """A local cluster that did not start: stop it (never leave one behind) and show each process's last log lines,
+    the first place to look."""
+    local.stop(timeout=60)
+    for process in local.processes.values():
+        print(f"----- {process.name} -----\n{process.tail(40)}", file=sys.stderr)
