@@ -44,8 +44,10 @@ ORDER: list[tuple[str, bool]] = [
     ("compose", True),
     # One 2P+2D cluster for the whole session (alive until the run ends): after every other suite.
     ("e2e", True),
-    # These two kill, stop and restart workers of that shared cluster (and leave every worker serving again): after
-    # the other e2e tests, so that no other test meets a worker that is coming back; worker_failure last of all.
+    # These kill, stop, drain and restart workers and the router of that shared cluster (and leave every worker
+    # serving again): after the other e2e tests, so that no other test meets a worker that is coming back;
+    # worker_failure last of all.
+    ("e2e/test_planned_events.py", True),
     ("e2e/test_self_healing.py", True),
     ("e2e/test_worker_failure.py", True),
 ]

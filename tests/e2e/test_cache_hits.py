@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import random
 
-from tests.e2e.conftest import worker_url
 from tests.e2e.prompts import SENTENCES
 from tests.e2e.reference import assert_matches
+from tests.helpers import worker_url
 
 MAX_NEW = 16
 ACTIVE = "pdcluster cpu_attention active"

@@ -69,9 +69,9 @@ def test_decode_cpu_profile_and_gpu_gets_none_of_it(tmp_path, model_dir):
 @pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
 def test_cpu_attention_on_by_default_off_by_setting_never_on_gpu(tmp_path, model_dir, role):
     config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
-    assert build_plan(role, config, [], env={}).env_added["PDCLUSTER_CPU_ATTENTION"] == "1"
+    assert build_plan(RULES[role], config, [], env={}).env_added["PDCLUSTER_CPU_ATTENTION"] == "1"
     # The setting decides, whatever the caller's environment says (the benchmark switches it per cluster).
-    off = build_plan(role, config, [], env={"PDCLUSTER_CPU_ATTENTION": "1"},
+    off = build_plan(RULES[role], config, [], env={"PDCLUSTER_CPU_ATTENTION": "1"},
                      cluster_overrides={"cpu_attention": "false"})
     assert off.env["PDCLUSTER_CPU_ATTENTION"] == "0" and off.env_added["PDCLUSTER_CPU_ATTENTION"] == "0"
     assert "PDCLUSTER_CPU_ATTENTION=0" in off.describe()  # what --dry-run prints

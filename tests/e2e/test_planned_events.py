@@ -2,7 +2,8 @@
 killed, a worker drained on demand, and a worker that comes back with other weights under the same path.
 
 Under a steady load of streamed and plain requests, every answer is judged: its status, the whole number of tokens
-asked for, no error event. Named to run after the other end-to-end files (it restarts the shared cluster's parts).
+asked for, no error event. tests/conftest.py runs it after the other end-to-end files (it restarts the shared
+cluster's parts).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import sys
 import httpx
 
 from pdcluster.models import DEMO_ARGS
-from tests.e2e.conftest import REPO, listing, wait_for
+from tests.e2e.conftest import REPO
 from tests.e2e.load import Load
+from tests.helpers import CLUSTER_POLL, listing, until
 from tests.unit.test_router_pd import metric
 
 
@@ -42,7 +44,7 @@ def test_a_rolling_restart_of_every_worker_under_load_loses_no_request(cluster, 
             process.signal(signal.SIGTERM)
             process.popen.wait(timeout=120)
             process.start()
-            assert wait_for(lambda wid=wid: serving(router, wid), 300), router.get("/ready").json()
+            assert until(lambda wid=wid: serving(router, wid), 300, CLUSTER_POLL), router.get("/ready").json()
         answered_during = load.answers
     assert load.problems == [], load.problems[:5]
     assert answered_during >= 20
@@ -65,7 +67,7 @@ def test_a_router_stopped_mid_stream_finishes_it_and_a_restarted_one_serves_from
             process.signal(stop)
             process.popen.wait(timeout=30)
         process.start()
-        assert wait_for(lambda: _connects(cluster.router_url), 60)
+        assert until(lambda: _connects(cluster.router_url), 60, CLUSTER_POLL)
         answers = [httpx.post(f"{cluster.router_url}/generate", timeout=60, json={
             "text": "first", "sampling_params": {"max_new_tokens": 4}}) for _ in range(4)]
         assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
@@ -83,13 +85,13 @@ def test_a_worker_drained_on_demand_gets_nothing_new_and_comes_back_on_resume(cl
     wid = worker_id(cluster, "decode-0")
     bootstrap = [sys.executable, "-m", "bootstrap", "--url", cluster.spec.bootstrap_url]
     subprocess.run([*bootstrap, "drain", wid], check=True, cwd=REPO, timeout=60)
-    assert wait_for(lambda: not serving(router, wid), 10)
+    assert until(lambda: not serving(router, wid), 10, CLUSTER_POLL)
     assert next(w for w in listing(cluster) if w["registration"]["worker_id"] == wid)["draining"]
     served = {router.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}).headers[
         "x-pdcluster-decode"] for _ in range(8)}
     assert wid not in served
     subprocess.run([*bootstrap, "resume", wid], check=True, cwd=REPO, timeout=60)
-    assert wait_for(lambda: serving(router, wid), 10)
+    assert until(lambda: serving(router, wid), 10, CLUSTER_POLL)
 
 
 def test_a_worker_with_other_weights_under_the_same_path_is_kept_out(cluster, router, tmp_path):
@@ -109,7 +111,7 @@ def test_a_worker_with_other_weights_under_the_same_path_is_kept_out(cluster, ro
     try:
         def admission() -> str:
             return next((w["admission"] for w in router.get("/ready").json()["workers"] if w["worker_id"] == wid), "")
-        assert wait_for(lambda: admission() == "refused", 300), (tmp_path / "impostor.log").read_text()[-2000:]
+        assert until(lambda: admission() == "refused", 300, CLUSTER_POLL), (tmp_path / "impostor.log").read_text()[-2000:]
         assert metric(cluster.router_url, "pdcluster_router_admissions_total", role="decode",
                       result="refused") == before + 1
         served = {router.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}).headers[
@@ -120,4 +122,4 @@ def test_a_worker_with_other_weights_under_the_same_path_is_kept_out(cluster, ro
         impostor.wait(timeout=90)
         log.close()
         shutil.rmtree(other, ignore_errors=True)
-    assert wait_for(lambda: wid not in {w["worker_id"] for w in router.get("/ready").json()["workers"]}, 30)
+    assert until(lambda: wid not in {w["worker_id"] for w in router.get("/ready").json()["workers"]}, 30, CLUSTER_POLL)
