@@ -36,6 +36,7 @@ ORDER: list[tuple[str, bool]] = [
     ("e2e_persistence", True),  # a file added later: after those four
     # SmolLM2 through one prefill and one decode (~3 GB each), package-scoped.
     ("e2e_smollm2", True),
+    ("e2e_smollm2/test_pinned.py", True),  # leaves both workers pinned to a core each: the suite's last test
     # No SGLang process, no Docker: fakes, in-process servers, dry runs, the wheel (`make quick` runs these alone).
     # Between the clusters only because that is where they have always run; memory does not care.
     ("unit", False),

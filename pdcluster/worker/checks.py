@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import shutil
 import socket
 from collections.abc import Callable
 from pathlib import Path
 
 from pdcluster.config_file import ConfigError
+from pdcluster.worker.settings import ClusterSettings
 
 # Hugging Face hub ids look like "org/name"; anything else is taken as a local path.
 _HUB_ID_PARTS = 2
@@ -93,3 +95,18 @@ def check_kv_store(ns: argparse.Namespace, cpu: bool, role_check: Callable[[argp
     if cpu and ns.hicache_mem_layout not in CPU_HICACHE_LAYOUTS:
         raise ConfigError(f"hicache-mem-layout {ns.hicache_mem_layout} has no CPU transfer: on CPU use "
                           f"page_first_direct or layer_first")
+
+
+def check_cpus(cluster: ClusterSettings) -> list[int]:
+    """cluster.cpus as core numbers, every one of them a core this process may run on (a container or a cgroup
+    may allow fewer than the host has), with taskset there to pin SGLang to them. Empty when unset."""
+    cores = cluster.cpu_list()
+    if not cores:
+        return []
+    allowed = os.sched_getaffinity(0)
+    if missing := [c for c in cores if c not in allowed]:
+        raise ConfigError(f"cluster.cpus {cluster.cpus}: core(s) {', '.join(map(str, missing))} not available here "
+                          f"(this process may use {', '.join(map(str, sorted(allowed)))})")
+    if shutil.which("taskset") is None:
+        raise ConfigError("cluster.cpus needs taskset (util-linux) on the PATH")
+    return cores

@@ -80,6 +80,9 @@ CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 # is silent for that long: judging a busy scheduler is the router's liveness's job (router/liveness.py), so SGLang's
 # own limit is set far above any probe's timeout.
 CPU_ATTENTION_ENV = "PDCLUSTER_CPU_ATTENTION"  # cluster.cpu_attention, read by pdcluster/cpu_attention in SGLang
+TASKSET = "taskset"  # util-linux: on every Linux host and in the images
+THREADS_ENV = "OMP_NUM_THREADS"  # cluster.cpus: torch's intra-op threads, one per core the worker is given
+SETTING_DECIDES = ("PYTHONPATH", CPU_ATTENTION_ENV, THREADS_ENV)
 COMMON_ENV = {"MC_LOG_LEVEL": "ERROR", "SGLANG_HEALTH_CHECK_TIMEOUT": "600"}
 
 # cluster.kv_store: SGLang HiCache with its file storage, set so that KV really persists (pdcluster/kvstore/). What
@@ -170,9 +173,12 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
         env_added[CPU_ATTENTION_ENV] = "1" if cluster.cpu_attention else "0"
     if stores_kv:
         env_added.update(_kv_store_env(kv, ns.tp_size * ns.pp_size))
+    cores = checks.check_cpus(cluster)
+    if cores:
+        env_added[THREADS_ENV] = str(len(cores))
     final_env = dict(env or os.environ)
     for key, value in env_added.items():
-        if key in ("PYTHONPATH", CPU_ATTENTION_ENV) or key not in final_env:  # the setting decides, not a stray export
+        if key in SETTING_DECIDES or key not in final_env:  # the setting decides, not a stray export
             final_env[key] = value
     env_added = {k: final_env[k] for k in env_added}
 
@@ -200,6 +206,8 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
         command = [sys.executable, "-m", "pdcluster.kvstore", "launch", "--role", role.value,
                    "--dir", os.path.abspath(os.path.expanduser(kv.dir)),
                    "--orphan-tmp-age", str(kv.orphan_tmp_age), "--", *command]
+    if cores:  # taskset execs the command on those cores: every process and thread it starts inherits them
+        command = [TASKSET, "--cpu-list", ",".join(map(str, cores)), *command]
     return LaunchPlan(role, command, final_env, env_added, cluster, registration, cpu)
 
 

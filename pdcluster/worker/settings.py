@@ -76,6 +76,29 @@ class ClusterSettings(BaseModel):
     # CPU profile only: extend attention that computes only the new tokens' queries (pdcluster/cpu_attention), so a
     # cache hit or a prefill chunk does not pay the cached tokens' attention again. false: SGLang's own.
     cpu_attention: bool = True
+    # The cores SGLang's whole process tree (scheduler, tokenizer, detokenizer, Mooncake's threads) may run on, as
+    # taskset writes them: "0", "2-3", "0,2". Its torch/OpenMP threads are sized to them (OMP_NUM_THREADS), since
+    # more threads than cores spin against each other at every parallel region. For several workers on one host
+    # (each its own cores, e.g. a prefill and a decode); null: every core the launcher may use, SGLang's defaults.
+    cpus: str | None = Field(default=None, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+    def cpu_list(self) -> list[int]:
+        """`cpus` as a sorted list of core numbers (empty when unset)."""
+        cores: set[int] = set()
+        for part in (self.cpus or "").split(","):
+            if part:
+                first, _, last = part.partition("-")
+                cores.update(range(int(first), int(last or first) + 1))
+        return sorted(cores)
+
+    @field_validator("cpus")
+    @classmethod
+    def _ranges_ascend(cls, value: str | None) -> str | None:
+        for part in (value or "").split(","):
+            first, _, last = part.partition("-")
+            if last and int(last) < int(first):
+                raise ValueError(f"{part}: a range goes from the lower core to the higher")
+        return value
 
     @field_validator("env", mode="before")
     @classmethod

@@ -79,6 +79,33 @@ def test_cpu_attention_on_by_default_off_by_setting_never_on_gpu(tmp_path, model
     assert "PDCLUSTER_CPU_ATTENTION" not in gpu.env_added
 
 
+@pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
+def test_cpus_pin_sglangs_whole_tree_and_size_its_threads(tmp_path, model_dir, role):
+    core = min(os.sched_getaffinity(0))
+    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n  cpus: '{core}'\n")
+    # The setting decides the thread count, whatever the caller exported (4 threads on 1 core spin at each step).
+    p = build_plan(RULES[role], config, [], env={"OMP_NUM_THREADS": "4"})
+    assert p.command[:3] == ["taskset", "--cpu-list", str(core)] and "sglang.launch_server" in p.command
+    assert p.env["OMP_NUM_THREADS"] == "1" and "OMP_NUM_THREADS=1" in p.describe()
+    unpinned = plan(tmp_path, model_dir, role=role)
+    assert "taskset" not in unpinned.command and "OMP_NUM_THREADS" not in unpinned.env_added
+    spans = build_plan(RULES[role], config, [], env={}, cluster_overrides={"cpus": f"{core},{core}-{core}"})
+    assert spans.command[:3] == ["taskset", "--cpu-list", str(core)] and spans.env["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize(("cpus", "message"), [
+    ("1-0", "a range goes from the lower core to the higher"),
+    ("zero", "should match pattern"),
+    ("0,", "should match pattern"),
+    ("4096", "core(s) 4096 not available here"),
+])
+def test_cpus_that_cannot_be_had_are_one_clear_error(tmp_path, model_dir, cpus, message):
+    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
+    with pytest.raises(ConfigError) as caught:
+        build_plan(RULES[Role.DECODE], config, [], env={}, cluster_overrides={"cpus": cpus})
+    assert message in str(caught.value) and "cpus" in str(caught.value)
+
+
 def test_command_line_beats_file_beats_profile(tmp_path, model_dir):
     p = plan(tmp_path, model_dir, "max-total-tokens: 4096\nmem_fraction_static: 0.2\n", ["--max-total-tokens", "2048"])
     assert argv_value(p.command, "--max-total-tokens") == "2048"

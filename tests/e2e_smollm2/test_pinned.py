@@ -1,0 +1,96 @@
+"""A worker pinned to its own core (cluster.cpus) serves and never stalls.
+
+The regime PD exists for on one host: the prefill on one core, the decode on the other, each SGLang tree pinned with
+its torch threads sized to its core. Pinned with SGLang's default threads (two per worker on one core each), a decode
+once held 4 running requests without a token for 4.5 minutes. Here: both workers restarted pinned, their processes
+checked (affinity, OMP_NUM_THREADS), then streams decode while a long prompt prefills, and every answer is whole,
+in the tokens of the unpinned run, with no long silence between a stream's tokens. Runs last in its suite (the
+workers stay pinned until the suite's cluster stops): tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+
+from tests.e2e.prompts import prompt_of_about
+from tests.e2e_smollm2.conftest import PREFILL_PORT, healthy_workers
+from tests.helpers import until
+
+MAX_SILENCE_S = 60.0  # a decode step on one core takes ~0.2 s; a whole 2000-token prefill on the other, ~20 s
+
+
+def restart_pinned(cluster, router, name: str, core: int) -> None:
+    process = cluster.processes[name]
+    process.signal(signal.SIGTERM)
+    process.popen.wait(timeout=120)
+    process.command = [*process.command, "--cluster", f"cpus={core}"]
+    process.start()
+    assert until(lambda: len(healthy_workers(router)) == 2 or not process.running, 600, 0.5), process.tail(40)
+    assert process.running, f"{name} exited after its pinned restart:\n{process.tail(40)}"
+
+
+def sglang_tree(launcher_pid: int) -> list[psutil.Process]:
+    return psutil.Process(launcher_pid).children(recursive=True)  # the launcher itself stays unpinned
+
+
+def test_pinned_prefill_and_decode_serve_streams_and_a_long_prompt_without_stalling(cluster, router, reference):
+    cores = sorted(os.sched_getaffinity(0))
+    assert len(cores) >= 2, f"this test pins the prefill and the decode to a core each; only {cores} available"
+    body = {"text": "Tell me about the sea.", "sampling_params": {"max_new_tokens": 32, "temperature": 0}}
+    unpinned = router.post("/generate", json=body).json()["output_ids"]
+
+    for name, core in (("prefill-0", cores[0]), ("decode-0", cores[1])):
+        restart_pinned(cluster, router, name, core)
+        tree = sglang_tree(cluster.processes[name].popen.pid)
+        assert tree, f"{name}: no SGLang process under its launcher"
+        for process in tree:
+            assert process.cpu_affinity() == [core], (name, process.name(), process.cpu_affinity())
+            assert process.environ().get("OMP_NUM_THREADS") == "1", (name, process.name())
+    assert f"prefill-127.0.0.1-{PREFILL_PORT}" in healthy_workers(router)
+    assert router.post("/generate", json=body).json()["output_ids"] == unpinned  # same tokens, pinned or not
+
+    problems: list[str] = []
+    silences: list[float] = []
+
+    def stream(i: int) -> None:
+        body = {"text": f"Write a long story about the number {i}.", "stream": True,
+                "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
+        last, events = time.monotonic(), []
+        with httpx.Client(base_url=cluster.router_url, timeout=600) as client, client.stream(
+                "POST", "/generate", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    now = time.monotonic()
+                    silences.append(now - last)
+                    last = now
+                    events.append(line)
+        if response.status_code != 200 or events[-1] != "data: [DONE]" or \
+                json.loads(events[-2].removeprefix("data: "))["meta_info"]["completion_tokens"] != 64:
+            problems.append(f"stream {i}: {response.status_code} {events[-2:]}")
+
+    def long_prompt() -> None:
+        body = {"text": prompt_of_about(reference.tokenizer, 2000), "sampling_params": {"max_new_tokens": 4}}
+        with httpx.Client(base_url=cluster.router_url, timeout=900) as client:
+            response = client.post("/generate", json=body)
+        if response.status_code != 200 or response.json()["meta_info"]["completion_tokens"] != 4:
+            problems.append(f"long prompt: {response.status_code} {response.text[:300]}")
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2)  # the streams are decoding when the long prompt arrives
+    threads.append(threading.Thread(target=long_prompt))
+    threads[-1].start()
+    for thread in threads:
+        thread.join(900)
+    assert not any(thread.is_alive() for thread in threads), "a request never finished"
+    assert not problems, problems
+    assert max(silences) < MAX_SILENCE_S, f"a stream went {max(silences):.1f} s without a token"
+    assert len(healthy_workers(router)) == 2
