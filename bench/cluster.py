@@ -181,6 +181,20 @@ def run_main(args, load: dict, log_dir: Path, log) -> tuple[list, dict, dict]:
     return session.runs, idle_cpu, {"seconds_to_serving": startup}
 
 
+def run_idle(args, log_dir: Path, log) -> dict:
+    """Only the idle CPU of the `make up` shape (1 prefill, 1 decode, sleep-on-idle on), measured for longer than a
+    full run does: the probes now come every idle_health_interval (15 s), so a window must hold several."""
+    session = Session("idle", args.bench_model, log_dir, log)
+    cluster = targets.start_cluster(args.bench_model, 1, sleep_on_idle=True, log_dir=log_dir / "idle")
+    try:
+        cluster.wait_ready()
+        session.pids = cluster_pids(cluster)
+        time.sleep(30)  # the router's admission canaries and first probes are start-up work, not idling
+        return session.idle(args.idle_seconds)
+    finally:
+        cluster.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few prompts, 2 repeats: a check of the harness")
@@ -189,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="runs of each target and load (default 3, --quick 2)")
     parser.add_argument("--idle-seconds", type=float, help="idle CPU window (default 20 s, --quick 8 s)")
     parser.add_argument("--no-busy-poll", action="store_true", help="skip the sleep-on-idle off session")
+    parser.add_argument("--idle-only", action="store_true",
+                        help="only the idle CPU of the make up shape (bench/results/idle.json, default 120 s)")
     parser.add_argument("--decode-only", action="store_true", help="decode on fake KV instead (bench.decode_only)")
     parser.add_argument("--out", type=Path, help="result path without extension (default bench/results/cluster)")
     args, rest = parser.parse_known_args(argv)
@@ -199,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.repeats = args.repeats or (2 if args.quick else 3)
-    args.idle_seconds = args.idle_seconds or (8.0 if args.quick else 20.0)
+    args.idle_seconds = args.idle_seconds or (120.0 if args.idle_only else 8.0 if args.quick else 20.0)
     args.bench_model = model = targets.MODELS[args.model]
     suffix = "" if args.model == "tiny-llama" else f"-{args.model}"
     out = args.out or RESULTS / (f"cluster-quick{suffix}" if args.quick else f"cluster{suffix}")
@@ -216,6 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     log(f"process logs and bench_serving outputs in {log_dir}")
     machine = {**report.machine(), "cores_busy_before_start": round(idle.busy_cores(2.0), 3)}
+    if args.idle_only:
+        result = {"benchmark": f"idle CPU of the make up shape on {model.path} (sleep-on-idle on)",
+                  "settings": {"idle_seconds": args.idle_seconds, "model": model.path}, "machine": machine,
+                  "started_utc": began, "idle_cpu_cores": run_idle(args, log_dir, log)}
+        path = args.out or RESULTS / "idle"
+        Path(f"{path}.json").write_text(json.dumps(result, indent=1) + "\n")
+        cluster_plot.draw_idle(result, Path(f"{path}.png"))
+        log(f"wrote {path}.json and {path}.png")
+        return 0
     load = loads(args.quick)
     runs, idle_cpu = [], {}
     if not args.no_busy_poll:

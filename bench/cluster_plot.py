@@ -82,3 +82,17 @@ def _machine_speed(ax, runs: list[dict]) -> None:
     ax.set_xlabel("run, in order", fontsize=8)
     ax.set_title("machine: fixed CPU task before each run, ms", fontsize=9)
     ax.grid(alpha=0.3)
+
+
+def draw_idle(result: dict, path: Path) -> None:
+    """bench.cluster --idle-only: the cores each process of the idle `make up` shape used."""
+    plt = pyplot()
+    cores = result["idle_cpu_cores"]
+    processes = cores["per_process"]
+    fig, ax = plt.subplots(figsize=(9, 0.4 * len(processes) + 1.5))
+    ax.barh(list(processes), list(processes.values()), color="#1f77b4")
+    ax.invert_yaxis()
+    ax.set_xlabel("cores (CPU seconds per second)")
+    ax.set_title(f"idle {cores['seconds']:.0f} s: {cores['local_yaml_shape_total']:.3f} cores in all; "
+                 f"{stamp(result['machine'])}", fontsize=9)
+    save(fig, path)
