@@ -66,7 +66,7 @@ def worker_healthy(router_url: str, url: str) -> bool | None:
 def all_serving(cluster: LocalCluster) -> bool:
     state = ready(cluster.router_url)
     want = cluster.spec.prefill.count + cluster.spec.decode.count
-    return state is not None and sum(w["healthy"] for w in state["workers"]) >= want
+    return state is not None and sum(not w["unusable"] for w in state["workers"]) >= want
 
 
 def registered(cluster: LocalCluster) -> int:

@@ -86,6 +86,6 @@ def restart(cluster, names: list[str], router) -> None:
             process.popen.wait(timeout=30)
         process.start()
     want = len(cluster.processes) - 2  # every worker
-    assert until(lambda: sum(w["healthy"] for w in router.get("/ready").json()["workers"]) == want, 300,
+    assert until(lambda: sum(not w["unusable"] for w in router.get("/ready").json()["workers"]) == want, 300,
                  CLUSTER_POLL), (
         router.get("/ready").json())

@@ -29,7 +29,7 @@ def all_healthy(router: httpx.Client) -> bool:
         workers = router.get("/ready", timeout=5).json()["workers"]
     except (httpx.HTTPError, ValueError, KeyError):
         return False
-    return len(workers) == 4 and all(w["healthy"] for w in workers)
+    return len(workers) == 4 and all(not w["unusable"] for w in workers)
 
 
 def healthy(router: httpx.Client, url: str) -> bool | None:

@@ -228,7 +228,7 @@ class PersistentCluster:
             workers = self.client.get("/ready", timeout=5).json()["workers"]
         except (httpx.HTTPError, ValueError, KeyError):
             return {}
-        return {w["worker_id"]: w["healthy"] for w in workers}
+        return {w["worker_id"]: not w["unusable"] for w in workers}  # serving: healthy, in, admitted
 
     def wait_healthy(self, timeout: float = 600, memory_retries: int = 2) -> None:
         want = {self.worker_id(n) for n in self.running}

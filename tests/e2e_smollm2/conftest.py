@@ -76,8 +76,9 @@ def reference(smollm2) -> ReferenceModel:
 
 
 def healthy_workers(router: httpx.Client) -> set[str]:
+    """The workers the router serves with (healthy, in rotation, admitted)."""
     try:
-        return {w["worker_id"] for w in router.get("/ready", timeout=5).json()["workers"] if w["healthy"]}
+        return {w["worker_id"] for w in router.get("/ready", timeout=5).json()["workers"] if not w["unusable"]}
     except (httpx.HTTPError, ValueError, KeyError):
         return set()
 
