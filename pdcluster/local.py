@@ -236,7 +236,7 @@ class LocalCluster:
             for process in self.processes.values():
                 try:
                     self._check(process)
-                except Exception as exc:  # noqa: BLE001 - the supervisor must outlive any one failure
+                except Exception as exc:  # the supervisor must outlive any one failure
                     self.report(f"supervisor: could not restart {process.name}: {type(exc).__name__}: {exc}")
 
     def _check(self, process: Process) -> None:

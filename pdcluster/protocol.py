@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
 BOOTSTRAP_SERVICE_PORT = 8998
 
 
-class Role(str, Enum):
+class Role(str, Enum):  # noqa: UP042 - a StrEnum's str() and f-strings give the value, not Role.PREFILL: not a drop-in
     PREFILL = "prefill"
     DECODE = "decode"
 

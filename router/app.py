@@ -13,9 +13,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
+from router.admission import Admissions
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.admission import Admissions
 from router.discovery import FIRST_LISTING_WAIT, follow_registry
 from router.dispatch import Dispatcher
 from router.edge import Edge

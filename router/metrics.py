@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from router.cache_report import cached_tokens
@@ -42,7 +42,7 @@ class _PoolCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = [GaugeMetricFamily(name, doc, labels=["worker", "role"]) for name, doc, _ in _GAUGES]
         for key, values in _pool_values(self.pool):
-            for family, value in zip(families, values):
+            for family, value in zip(families, values, strict=True):
                 family.add_metric(key, value)
         yield from families
 
@@ -104,7 +104,7 @@ class RouterMetrics:
         seen = set()
         for key, values in _pool_values(self.pool):
             seen.add(tuple(key))
-            for gauge, value in zip(self._gauges, values):
+            for gauge, value in zip(self._gauges, values, strict=True):
                 gauge.labels(*key).set(value)
         for gone in self._sampled - seen:  # a worker that left the pool: not in flight, not healthy
             for gauge in self._gauges:

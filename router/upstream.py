@@ -18,8 +18,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from router.upstream_response import (ConnectFailed, ConnectionDropped, ReadTimeout, UpstreamError,
-                                      UpstreamResponse)
+from router.upstream_response import ConnectFailed, ConnectionDropped, ReadTimeout, UpstreamError, UpstreamResponse
 
 __all__ = ["ConnectFailed", "ConnectionDropped", "ReadTimeout", "UpstreamClient", "UpstreamError", "UpstreamResponse"]
 

@@ -1,9 +1,10 @@
 """The internals the CPU attention adaptation replaces or relies on: checked as a whole first, then patched.
 
-Written against SGLang 0.5.23 and its torch 2.14. The method replaced, `TorchNativeAttnBackend._run_sdpa_forward_extend`,
-is compared by a fingerprint of its code (comments, formatting and docstring aside): any change to it, a fix included,
-stops the server at start with its name, rather than being overridden unseen. Its caller must still call it, and the
-torch op the replacement uses must still take and return what it did.
+Written against SGLang 0.5.23 and its torch 2.14. The method replaced,
+`TorchNativeAttnBackend._run_sdpa_forward_extend`, is compared by a fingerprint of its code (comments, formatting and
+docstring aside): any change to it, a fix included, stops the server at start with its name, rather than being
+overridden unseen. Its caller must still call it, and the torch op the replacement uses must still take and return what
+it did.
 """
 
 from __future__ import annotations
