@@ -102,11 +102,14 @@ class WorkerListing(_Strict):
         return self.uptime_seconds < self.ttl_seconds
 
 
+ErrorType = Literal[
+    "invalid_request_error", "authentication_error", "not_found_error", "upstream_error", "unavailable", "timeout"
+]
+
+
 class ErrorDetail(BaseModel):
     message: str
-    type: Literal[
-        "invalid_request_error", "authentication_error", "not_found_error", "upstream_error", "unavailable", "timeout"
-    ]
+    type: ErrorType
     param: str | None = None
     code: int
 

@@ -64,6 +64,8 @@ def _module(name: str) -> ModuleType:
 def fingerprint(fn: Any) -> str:
     """sha256 of the function's syntax tree, docstring left out: comments and formatting do not change it."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    if not isinstance(tree, ast.FunctionDef | ast.AsyncFunctionDef):
+        raise TypeError(f"{fn!r} is not a function")
     body = tree.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         tree.body = body[1:]
@@ -88,7 +90,8 @@ def check() -> dict[str, Any]:
         _fail(f"the source of {where}.{METHOD} cannot be read ({exc})")
     if found != FINGERPRINT:
         _fail(f"{where}.{METHOD} has changed (its code's fingerprint is {found[:12]}, not {FINGERPRINT[:12]})")
-    caller = getattr(inspect.unwrap(getattr(backend, CALLER, None)), "__code__", None)
+    calling = getattr(backend, CALLER, None)
+    caller = getattr(inspect.unwrap(calling), "__code__", None) if calling is not None else None
     if caller is None or METHOD not in caller.co_names:
         _fail(f"{where}.{CALLER} no longer calls {METHOD}")
     import torch

@@ -81,9 +81,10 @@ def build_page_hash_extension() -> float:
 
 def _root_cause(exc: BaseException) -> str:
     lines: list[str] = []
-    while exc is not None:
-        lines += [line.strip() for line in str(exc).splitlines() if line.strip()]
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None:
+        lines += [line.strip() for line in str(link).splitlines() if line.strip()]
+        link = link.__cause__ or link.__context__
     errors = [line for line in lines if "error:" in line.lower()]
     return (errors or lines or ["unknown error"])[0][:300]
 
