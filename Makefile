@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
 
-.PHONY: setup system-packages venv model test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle chaos \
+.PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle chaos \
 	bench-persistence clean
 
 setup: system-packages venv model
@@ -33,11 +33,17 @@ model:
 	$(PY) scripts/build_demo_model.py --out models/tiny-llama
 	$(PY) scripts/fetch_smollm2.py --out models/smollm2-135m-instruct
 
-test:
+# Lint (ruff, the whole tree) and type check (mypy: router/, bootstrap/, pdcluster/, prefill/, decode/), both as
+# configured in pyproject.toml. Run first by `make test` and `make quick`.
+check:
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: check
 	$(PY) -m pytest tests
 
 # Every test that starts no SGLang process and no Docker (the `cluster` marker: tests/conftest.py), in a few minutes.
-quick:
+quick: check
 	$(PY) -m pytest -m "not cluster" tests
 
 unit:

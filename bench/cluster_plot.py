@@ -30,7 +30,7 @@ def draw(result: dict, path: Path) -> None:
     extra = 3  # idle CPU, paired ratios, machine speed
     fig, axes = pyplot().subplots((len(rows) + extra + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.2 * 4))
     axes = axes.flatten()
-    for ax, (workload, metric, title) in zip(axes, rows):
+    for ax, (workload, metric, title) in zip(axes, rows, strict=False):
         keys = [k for k in summary if k.endswith(f"/{workload}") and metric in summary[k]]
         for i, key in enumerate(keys):
             cell, label = summary[key][metric], _label(key)

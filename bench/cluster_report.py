@@ -59,7 +59,7 @@ def paired(runs: list[dict], top: tuple, bottom: tuple, metric: str) -> list[flo
         return {r["repeat"]: r[metric] for r in runs
                 if (r["session"], r["target"], r["workload"]) == key and r.get(metric) is not None}
     a, b = by_repeat(top), by_repeat(bottom)
-    return [round(a[k] / b[k], 3) for k in sorted(a) if k in b and b[k]]
+    return [round(a[k] / b[k], 3) for k in sorted(a) if b.get(k)]
 
 
 def derive(summary: dict, idle_cpu: dict, runs: list[dict] = ()) -> dict:

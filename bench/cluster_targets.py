@@ -89,8 +89,9 @@ def colocated_command(model: BenchModel, port: int, sleep_on_idle: bool) -> tupl
     workers' KV pool."""
     flags = {k: v for k, v in plan.CPU_FLAGS.items() if not k.startswith("disaggregation")}
     flags["max-total-tokens"] = model.max_total_tokens
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model.path, "--served-model-name", model.served,
-            "--host", procs.HOST, "--port", str(port), "--dtype", "float32", "--log-level", "warning"]
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model.path,
+            "--served-model-name", model.served, "--host", procs.HOST, "--port", str(port), "--dtype", "float32",
+            "--log-level", "warning"]
     for key, value in flags.items():
         argv += [f"--{key}", str(value)]
     # The prefill's CPU workaround (a prefix-cache hit with the overlap scheduler fails on CPU) applies here too.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import socket
 import sys
@@ -103,7 +104,7 @@ class FakeSGLang(asyncio.Protocol):
             if end < 0:
                 return
             lines = self.buf[:end].decode("latin-1").split("\r\n")
-            method, target, version = (lines[0].split(" ") + ["", ""])[:3]
+            method, target, version = [*lines[0].split(" "), "", ""][:3]
             if method == "PRI":  # an HTTP/2 prior-knowledge probe (SGLang's Rust router sends one): HTTP/1.1 only
                 self.transport.close()
                 self.transport = None
@@ -187,10 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover
         runner = asyncio.run
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         runner(serve(args.host, args.port, args.chunks))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -37,8 +37,18 @@ import httpx
 
 from bench import attention_op, persistence_report
 from bench.persistence_cluster import (
-    PAGE, REPO, SHAPES, WORK, Side, build_model, busy_cores, drop_from_page_cache, model_info, read_bandwidth,
-    settle)
+    PAGE,
+    REPO,
+    SHAPES,
+    WORK,
+    Side,
+    build_model,
+    busy_cores,
+    drop_from_page_cache,
+    model_info,
+    read_bandwidth,
+    settle,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_SHAPE = "8b-balance"

@@ -76,7 +76,8 @@ def write_configs(model: Path, mode: str) -> LocalSpec:
         # SGLang's HiCache ask for a host pool twice that size).
         raw.update({"model-path": str(model), "served-model-name": SERVED, "log-level": "warning",
                     "max-total-tokens": 20480, "dtype": "float32"})
-        raw["cluster"].update({"bootstrap_url": f"http://127.0.0.1:{ports['bootstrap']}", "cpu_attention": mode == "on"})
+        raw["cluster"].update({"bootstrap_url": f"http://127.0.0.1:{ports['bootstrap']}",
+                               "cpu_attention": mode == "on"})
         raw["cluster"]["kv_store"]["dir"] = str(work / "kv")  # decode_offload stays on: a chat's next turn
         (work / f"{role}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     router = {"host": "127.0.0.1", "port": ports["router"], "bootstrap_url": f"http://127.0.0.1:{ports['bootstrap']}",

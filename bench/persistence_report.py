@@ -21,7 +21,10 @@ def _median(values) -> float:
 
 def _percentiles(values: list[float]) -> dict:
     ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
     return {"n": len(ordered), "p50_ms": round(pick(0.5) * 1e3, 2), "p90_ms": round(pick(0.9) * 1e3, 2),
             "p99_ms": round(pick(0.99) * 1e3, 2), "mean_ms": round(statistics.fmean(ordered) * 1e3, 2)}
 
@@ -55,9 +58,10 @@ def report(model: dict, server: dict, lengths, repeats: int, samples: dict, rest
            page_bytes: float, op: dict, page: int = 64) -> dict:
     rows = {m: _rows(samples[m], lengths, bandwidth, page_bytes, page) for m in MODES}
     paired = []  # on / off of the same prompt in the same repeat, then the median over repeats
-    for i, n in enumerate(lengths):
+    for n in lengths:
         paired.append({"prompt_tokens": n, **{f"{s}_on_over_off": _median(
-            a["seconds"] / b["seconds"] for a, b in zip(samples["on"][s][n], samples["off"][s][n])) for s in SERIES}})
+            a["seconds"] / b["seconds"] for a, b in zip(samples["on"][s][n], samples["off"][s][n], strict=False))
+            for s in SERIES}})
     chat = {m: _chat(samples[m]["chat"]) for m in MODES}
     itl = {m: _percentiles([x for r in samples[m]["chat"] for x in r["itl_s"]]) for m in MODES}
     blocks = {m: [_percentiles(r["itl_s"])["p50_ms"] for r in samples[m]["chat"]] for m in MODES}
@@ -66,7 +70,7 @@ def report(model: dict, server: dict, lengths, repeats: int, samples: dict, rest
     itl["p50_ms_per_repeat"], itl["repeat_to_repeat_spread"] = blocks, round(noise, 3)
     on, off, longest = rows["on"][-1], rows["off"][-1], lengths[-1]
     saved = _median(b["seconds"] - a["seconds"] for a, b in zip(samples["on"]["cold"][longest],
-                                                                  samples["off"]["cold"][longest]))
+                                                                  samples["off"]["cold"][longest], strict=False))
     targets = {f"{s}_over_cold_at_{longest}": {"on": on[f"{s}_over_cold"], "off": off[f"{s}_over_cold"],
                                                "target": TARGETS[s], "met": on[f"{s}_over_cold"] <= TARGETS[s]}
                for s in ("memory", "storage", "disk")}

@@ -7,6 +7,7 @@ name, so other work on the machine is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import signal
@@ -89,18 +90,15 @@ class Proc:
             self.popen.kill()
             self.popen.wait(timeout=5)
         for child in children:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
-            except psutil.NoSuchProcess:
-                pass
 
 
 def start(name: str, argv: list[str], log_dir: Path, port: int, env: dict[str, str] | None = None) -> Proc:
     log = log_dir / f"{name}.log"
-    handle = open(log, "wb")
-    popen = subprocess.Popen(argv, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env={**os.environ, **(env or {})})
-    handle.close()
+    with open(log, "wb") as handle:  # the child has its own copy
+        popen = subprocess.Popen(argv, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env={**os.environ, **(env or {})})
     return Proc(name, popen, log, port)
 
 

@@ -28,7 +28,7 @@ def _grouped(ax, groups: list[str], series: dict[str, list[float]], colors: dict
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
         shown = [max(v, floor) if v is not None else 0 for v in values]
         bars = ax.bar(xs, shown, width, color=colors[name], label=labels[name])
-        for bar, v in zip(bars, values):
+        for bar, v in zip(bars, values, strict=True):
             if v is not None:
                 ax.annotate(_short(v), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
                             va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points")
@@ -72,7 +72,7 @@ def draw(report: dict, path: Path) -> None:
     cases = sorted({k.split("/", 1)[1] for k in keys}, key=lambda s: (int(s.split("/")[0][1:]), s))
     series, colors, labels = {}, {}, {}
     for router in routers:
-        for q, alpha in (("p50", ""), ("p99", "99")):
+        for q in ("p50", "p99"):
             name = f"{router} {q}"
             series[name] = [added.get(f"{router}/{case}", {}).get(q) for case in cases]
             colors[name] = COLORS[router] + ("" if q == "p50" else "80")

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         fake.stop()
     cells = []
-    for (name, answer, conc), rows in runs.items():
+    for rows in runs.values():
         cpu = [r["cpu_ms_per_request"] for r in rows]
         cells.append({**rows[0], "cpu_ms_per_request": statistics.median(cpu), "cpu_ms_per_request_runs": cpu,
                       "req_per_s": statistics.median(r["req_per_s"] for r in rows)})

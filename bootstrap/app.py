@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from bootstrap.config import BootstrapConfig
 from bootstrap.registry import Registry
@@ -45,7 +45,7 @@ def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lamb
     app.state.registry = registry
     install_error_handlers(app)
 
-    async def parse(request: Request, model: type):
+    async def parse(request: Request, model: type[BaseModel]):
         check_bearer(request, token)
         data = await read_json_object(request, config.max_body_bytes)
         try:

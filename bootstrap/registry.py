@@ -4,6 +4,7 @@ can long-poll for the next one instead of polling on a timer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from pdcluster.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration, WorkerStatus
@@ -99,7 +100,5 @@ class Registry:
         async with self._changed:
             if self.version != since_version:
                 return
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
-            except TimeoutError:
-                pass

@@ -23,7 +23,7 @@ def format_table(listing: WorkerListing, now: float | None = None) -> str:
             w.incompatible or w.detail,
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join([*lines, f"(registry version {listing.version}, {len(listing.workers)} workers)"])
 
 

@@ -3,6 +3,7 @@ children that die with their parent, and exit statuses in the shell's convention
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import signal
 
@@ -11,10 +12,8 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Have the kernel send `sig` to this process when its parent dies (Linux; a no-op elsewhere)."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
-    except OSError:
-        pass
 
 
 def exit_status(returncode: int) -> int:

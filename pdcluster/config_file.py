@@ -7,10 +7,13 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:  # the type only: workers import this module, and need no FastAPI
+    from fastapi.exceptions import RequestValidationError
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -41,7 +44,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def first_problem(exc: ValidationError) -> tuple[str, str]:
+def first_problem(exc: ValidationError | RequestValidationError) -> tuple[str, str]:
     """(dotted field path, message) of the first problem pydantic found; the path is empty for the model as a whole.
     `exc`: pydantic's ValidationError, or FastAPI's RequestValidationError for a request body (pdcluster/http.py)."""
     problem = exc.errors()[0]

@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import hmac
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
 
 import orjson
 from fastapi import FastAPI, Request
@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdcluster.config_file import first_problem
-from pdcluster.protocol import ErrorBody, ErrorDetail
+from pdcluster.protocol import ErrorBody, ErrorDetail, ErrorType
 
-_TYPE_BY_STATUS = {
+_TYPE_BY_STATUS: dict[int, ErrorType] = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
     413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
     502: "upstream_error", 503: "unavailable", 504: "timeout",
@@ -78,7 +78,16 @@ LINGER_FACTOR = 8
 LINGER_SECONDS = 10.0
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+class Incoming(Protocol):
+    """What read_body and check_bearer use of a request: Starlette's, or the router's edge's (router/edge.py)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def stream(self) -> AsyncIterator[bytes]: ...
+
+
+async def read_body(request: Incoming, limit: int) -> bytes:
     """The request body, refusing (413) anything over `limit` bytes without buffering more than that.
 
     `request`: Starlette's, or anything with `headers` and an async `stream()` of body chunks (router/edge.py)."""
@@ -97,7 +106,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _linger(request: Request, stream: Any, limit: int) -> None:
+async def _linger(request: Incoming, stream: Any, limit: int) -> None:
     """Read and discard the rest of a refused body, within LINGER_FACTOR x `limit` bytes and LINGER_SECONDS."""
     if request.headers.get("expect", "").lower() == "100-continue":
         return  # the client sends nothing before our answer: reading would ask it to (100 Continue)
@@ -125,7 +134,7 @@ def parse_json_object(body: bytes, loads: Callable[[bytes], Any] = json.loads) -
     return data
 
 
-def check_bearer(request: Request, token: str | None) -> None:
+def check_bearer(request: Incoming, token: str | None) -> None:
     """401 unless the request carries `Authorization: Bearer <token>`; a no-op when no token is configured."""
     if not token:
         return

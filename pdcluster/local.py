@@ -122,7 +122,7 @@ class Process:
         """Send `sig` to the component's launcher; a stop signal also tells the supervisor to leave it down."""
         if sig in STOP_SIGNALS:
             self.held = True
-        if self.running:
+        if self.popen is not None and self.running:
             os.kill(self.popen.pid, sig)
 
     def tail(self, lines: int = 30) -> str:
@@ -176,8 +176,10 @@ class LocalCluster:
         while time.monotonic() < deadline:
             dead = [p for p in self.processes.values() if not p.running]
             if dead:
-                raise RuntimeError(f"{dead[0].name} exited with status {dead[0].popen.returncode} before the "
-                                   f"cluster was ready; its log ({dead[0].log_path}) ends with:\n{dead[0].tail()}")
+                first = dead[0]
+                status = first.popen.returncode if first.popen is not None else "none (never started)"
+                raise RuntimeError(f"{first.name} exited with status {status} before the "
+                                   f"cluster was ready; its log ({first.log_path}) ends with:\n{first.tail()}")
             try:
                 ready = httpx.get(f"{self.router_url}/ready", timeout=2)
                 healthy = sum(w["healthy"] for w in ready.json()["workers"])
@@ -236,7 +238,7 @@ class LocalCluster:
             for process in self.processes.values():
                 try:
                     self._check(process)
-                except Exception as exc:  # noqa: BLE001 - the supervisor must outlive any one failure
+                except Exception as exc:  # the supervisor must outlive any one failure
                     self.report(f"supervisor: could not restart {process.name}: {type(exc).__name__}: {exc}")
 
     def _check(self, process: Process) -> None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
 BOOTSTRAP_SERVICE_PORT = 8998
 
 
-class Role(str, Enum):
+class Role(str, Enum):  # noqa: UP042 - a StrEnum's str() and f-strings give the value, not Role.PREFILL: not a drop-in
     PREFILL = "prefill"
     DECODE = "decode"
 
@@ -102,11 +102,14 @@ class WorkerListing(_Strict):
         return self.uptime_seconds < self.ttl_seconds
 
 
+ErrorType = Literal[
+    "invalid_request_error", "authentication_error", "not_found_error", "upstream_error", "unavailable", "timeout"
+]
+
+
 class ErrorDetail(BaseModel):
     message: str
-    type: Literal[
-        "invalid_request_error", "authentication_error", "not_found_error", "upstream_error", "unavailable", "timeout"
-    ]
+    type: ErrorType
     param: str | None = None
     code: int
 

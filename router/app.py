@@ -9,13 +9,14 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
+from router.admission import Admissions
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
-from router.admission import Admissions
 from router.discovery import FIRST_LISTING_WAIT, follow_registry
 from router.dispatch import Dispatcher
 from router.edge import Edge
@@ -29,7 +30,7 @@ from router.validation import check_chat, check_completion, check_generate
 from router.workers import Worker, WorkerPool
 
 # FastAPI 0.165 consults OpenTelemetry's global providers on every request unless told not to.
-NO_TELEMETRY = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
 
 
 async def _sample_every_second(metrics: RouterMetrics) -> None:

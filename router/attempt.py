@@ -19,7 +19,7 @@ import asyncio
 import json  # on the rare paths (logprob merge, error events), as logprobs.py: it accepts NaN/Infinity, orjson not
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING
 
 import orjson
@@ -59,17 +59,17 @@ class Attempt:
         request = self.request
         try:
             raw = orjson.dumps(request.body)
-            self.prefill_half = PrefillHalf(self.d.client, self.prefill, request.route, raw, request.headers,
-                                            request.checked.prompt_tokens)
-            response = self.response = await self._decode_head(raw)
+            prefill_half = self.prefill_half = PrefillHalf(self.d.client, self.prefill, request.route, raw,
+                                                           request.headers, request.checked.prompt_tokens)
+            response = self.response = await self._decode_head(raw, prefill_half)
             self._started()
             headers = {k: v for k in _PASSED_ON if (v := response.headers.get(k)) is not None}
             if request.stream:
-                self._arm_deadlines()  # and the stream's end ends the attempt
-                return StreamAnswer(response.status, self._relay(), headers, self.end)
+                self._arm_deadlines(response)  # and the stream's end ends the attempt
+                return StreamAnswer(response.status, self._relay(response, prefill_half), headers, self.end)
             payload = await response.read()
             if request.merge_logprobs:
-                merged = logprobs.merge(json.loads(payload), logprobs.prefill_answer(await self.prefill_half.answer()))
+                merged = logprobs.merge(json.loads(payload), logprobs.prefill_answer(await prefill_half.answer()))
                 payload = orjson.dumps(merged)
         except HALF_ERRORS as exc:
             failure = as_failure(self.decode, exc)
@@ -82,12 +82,12 @@ class Attempt:
         self.end(delivered=True)
         return Answer(response.status, payload, headers)
 
-    async def _decode_head(self, raw: bytes) -> UpstreamResponse:
+    async def _decode_head(self, raw: bytes, prefill_half: PrefillHalf) -> UpstreamResponse:
         """The decode's response once its status and headers are in; a failed prefill interrupts the wait."""
         d, request, decode = self.d, self.request, self.decode
         try:
             response = await d.client.request("POST", decode.url, request.route, raw, request.headers,
-                                              d.config.first_byte_timeout, self.prefill_half.watch)
+                                              d.config.first_byte_timeout, prefill_half.watch)
         except TimeoutError:  # it may be working on it still: both halves are aborted
             raise HalfFailed(decode, 504, f"decode {decode.worker_id} sent no answer within first_byte_timeout "
                                           f"({d.config.first_byte_timeout}s)", ends_both=True) from None
@@ -105,10 +105,10 @@ class Attempt:
         self.prefill.breaker.on_success()
         self.decode.breaker.on_success()
 
-    async def _relay(self) -> AsyncIterator[bytes]:
+    async def _relay(self, response: UpstreamResponse, prefill_half: PrefillHalf) -> AsyncGenerator[bytes, None]:
         """The decode's SSE stream, chunk by chunk; an error event if either half fails or a deadline passes."""
         request, metrics = self.request, self.d.metrics
-        response, first, last = self.response, True, b""
+        first, last = True, b""
         chunks = response.iter_chunks() if not request.merge_logprobs else _sse_events(response)
         try:
             async for chunk in chunks:
@@ -117,7 +117,7 @@ class Attempt:
                     metrics.ttft.labels(request.route).observe(time.monotonic() - request.attempt_started)
                     if request.merge_logprobs:
                         chunk = logprobs.merge_first_event(chunk, logprobs.prefill_answer(
-                            await self.prefill_half.answer()))
+                            await prefill_half.answer()))
                     first = False
                 if b"cached_tokens" in chunk:
                     last = chunk
@@ -134,9 +134,9 @@ class Attempt:
         finally:
             self.end()  # the client left mid-stream (the relay was cancelled or closed): a no-op after the above
 
-    def _arm_deadlines(self) -> None:
+    def _arm_deadlines(self, response: UpstreamResponse) -> None:
         """total_timeout and first_token_timeout end a stream with a DeadlinePassed (the relay's error event)."""
-        loop, config, request, response = asyncio.get_running_loop(), self.d.config, self.request, self.response
+        loop, config, request = asyncio.get_running_loop(), self.d.config, self.request
         self.timers = [
             loop.call_later(max(0.0, request.deadline - time.monotonic()), response.interrupt, DeadlinePassed(
                 self.decode, f"request took longer than total_timeout ({config.total_timeout}s)")),

@@ -6,8 +6,16 @@ import logging
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, HttpUrl, field_validator,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    field_validator,
+    model_validator,
+)
 
 from pdcluster.config_file import secret_or_env
 from router.policies import known_policy

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ class Answer:
 @dataclass
 class StreamAnswer:
     status: int
-    chunks: AsyncIterator[bytes]
+    chunks: AsyncGenerator[bytes, None]  # closed with aclose() (_end_stream)
     headers: dict[str, str] = field(default_factory=lambda: {"content-type": "text/event-stream"})
     # Called by the edge once the answer is over, however it ended. Why `chunks` alone is not enough: an async
     # generator that was never started runs no clean-up on aclose(), and a client may leave (or the server's send
@@ -117,6 +117,7 @@ class Edge:
 
     async def _respond(self, route: Route, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         task, gone = asyncio.current_task(), []
+        assert task is not None  # a coroutine's
 
         def on_disconnect() -> None:
             gone.append(True)

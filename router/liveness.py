@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -45,7 +46,7 @@ MIN_RATE_TOKENS = 256
 SAFETY = 3.0
 
 
-def read_prefill_totals(payload: object) -> tuple[float, int] | None:
+def read_prefill_totals(payload: Any) -> tuple[float, int] | None:
     """(microseconds spent prefilling, uncached prompt tokens prefilled), summed over ranks, from /v1/loads; None if
     the worker does not publish them."""
     try:
@@ -56,7 +57,7 @@ def read_prefill_totals(payload: object) -> tuple[float, int] | None:
         return None
 
 
-def read_snapshot(payload: object) -> tuple | None:
+def read_snapshot(payload: Any) -> tuple | None:
     """The publish stamps of a /v1/loads answer's snapshots (one per DP rank); None if it is not one (a worker
     without /v1/loads is still judged by whether it answers)."""
     try:

@@ -26,7 +26,7 @@ def _merge_one(decode: dict[str, Any], prefill: dict[str, Any]) -> None:
 def merge(decode: Any, prefill: Any) -> Any:
     """Merge a decode answer (an object, or a list for a batch) with the matching prefill answer, in place."""
     if isinstance(decode, list) and isinstance(prefill, list):
-        for d, p in zip(decode, prefill):
+        for d, p in zip(decode, prefill, strict=False):
             _merge_one(d, p)
     elif isinstance(decode, dict) and isinstance(prefill, dict):
         _merge_one(decode, prefill)

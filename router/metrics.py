@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from router.cache_report import cached_tokens
@@ -21,7 +21,7 @@ from router.workers import WorkerPool
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
-_GAUGES = [  # name, help, how processes combine
+_GAUGES: list[tuple[str, str, Literal["livesum", "livemin", "livemax"]]] = [  # name, help, how processes combine
     ("pdcluster_router_worker_in_flight", "Requests in flight per worker", "livesum"),
     ("pdcluster_router_worker_healthy", "1 if the worker gets traffic", "livemin"),
     ("pdcluster_router_breaker_state", "0 closed, 1 half-open, 2 open", "livemax"),
@@ -42,7 +42,7 @@ class _PoolCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = [GaugeMetricFamily(name, doc, labels=["worker", "role"]) for name, doc, _ in _GAUGES]
         for key, values in _pool_values(self.pool):
-            for family, value in zip(families, values):
+            for family, value in zip(families, values, strict=True):
                 family.add_metric(key, value)
         yield from families
 
@@ -91,7 +91,7 @@ class RouterMetrics:
         if self.multiprocess:
             self._gauges = [Gauge(name, doc, ["worker", "role"], multiprocess_mode=mode, registry=self.registry)
                             for name, doc, mode in _GAUGES]
-            self._sampled: set[tuple[str, str]] = set()
+            self._sampled: set[tuple[str, ...]] = set()
         else:
             self.registry.register(_PoolCollector(pool))
 
@@ -101,10 +101,10 @@ class RouterMetrics:
 
     def sample_pool(self) -> None:
         """Multiprocess mode: write this process's view of its workers where the other processes can read it."""
-        seen = set()
+        seen: set[tuple[str, ...]] = set()
         for key, values in _pool_values(self.pool):
             seen.add(tuple(key))
-            for gauge, value in zip(self._gauges, values):
+            for gauge, value in zip(self._gauges, values, strict=True):
                 gauge.labels(*key).set(value)
         for gone in self._sampled - seen:  # a worker that left the pool: not in flight, not healthy
             for gauge in self._gauges:

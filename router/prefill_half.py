@@ -50,8 +50,8 @@ class PrefillHalf:
 
     def _done(self, future: asyncio.Future) -> None:
         self.worker.pending_prompt_tokens -= self.prompt_tokens
-        if not future.cancelled() and isinstance(future.exception(), HalfFailed):
-            self.failure = future.exception()
+        if not future.cancelled() and isinstance(error := future.exception(), HalfFailed):
+            self.failure = error
             if self._decode is not None:
                 self._decode.interrupt(self.failure)
 

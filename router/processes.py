@@ -47,7 +47,9 @@ def run_process(config: RouterConfig, sock: socket.socket | None = None) -> int:
         app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
         loop="uvloop", http="httptools",  # the fast pair (bench/README.md)
         proxy_headers=False,  # the router reads no client address; X-Forwarded-* headers are passed on as they are
-        timeout_graceful_shutdown=max(1.0, config.resolved_grace_period() - 5),  # streams in flight finish first
+        # Streams in flight finish first. uvicorn annotates an int, but only hands it to asyncio.wait_for: a float
+        # works.
+        timeout_graceful_shutdown=max(1.0, config.resolved_grace_period() - 5),  # type: ignore[arg-type]
     ))
     server.run(sockets=[sock] if sock else None)
     return 0 if server.started else STARTUP_FAILURE
@@ -94,6 +96,7 @@ def _supervise(config: RouterConfig) -> int:
             if ended and not stopping:
                 dead = next(c for c in children if c.sentinel in ended)
                 dead.join()
+                assert dead.exitcode is not None  # joined
                 status = exit_status(dead.exitcode) or 1  # it was not asked to stop: 0 is a failure too
                 log.error("router process exited; stopping the others", extra={"router_process": dead.name,
                                                                                 "exit_status": status})

@@ -19,8 +19,8 @@ from router.workers import Worker
 
 
 class PdRequest:
-    __slots__ = ("route", "request_id", "body", "checked", "started", "deadline", "merge_logprobs", "headers",
-                 "attempt", "tried", "rids", "attempt_started", "_hint")
+    __slots__ = ("_hint", "attempt", "attempt_started", "body", "checked", "deadline", "headers", "merge_logprobs",
+                 "request_id", "rids", "route", "started", "tried")
 
     def __init__(self, route: str, request_id: str, body: dict[str, Any], checked: Checked, started: float,
                  total_timeout: float):

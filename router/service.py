@@ -30,9 +30,10 @@ Check = Callable[[dict[str, Any]], Checked]
 
 
 class PdService:
+    dispatcher: Dispatcher  # set at start-up, before the first request (it owns the upstream connections)
+
     def __init__(self, config: RouterConfig, pairing: Pairing, metrics: RouterMetrics, api_key: str | None):
         self.config, self.pairing, self.metrics, self.api_key = config, pairing, metrics, api_key
-        self.dispatcher: Dispatcher | None = None  # set at start-up (it owns the upstream connections)
 
     def route(self, path: str, check: Check) -> Route:
         """The edge's route for `path`, whose bodies `check` validates."""
@@ -50,7 +51,8 @@ class PdService:
         except ApiError as exc:
             answer = error_answer(exc.status, exc.message, exc.param)
             request_id = request_id if isinstance(request_id, str) and CLIENT_ID.fullmatch(request_id) else new_rid()
-        except TimeoutError:
+        except TimeoutError:  # raised inside the `async with` only: request_id is set
+            assert request_id is not None
             answer = error_answer(504, f"request took longer than total_timeout ({self.config.total_timeout}s)")
         answer.headers["x-request-id"] = request_id
         self.metrics.requests.labels(route, str(answer.status)).inc()

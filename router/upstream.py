@@ -18,17 +18,17 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from router.upstream_response import (ConnectFailed, ConnectionDropped, ReadTimeout, UpstreamError,
-                                      UpstreamResponse)
+from router.upstream_response import ConnectFailed, ConnectionDropped, ReadTimeout, UpstreamError, UpstreamResponse
 
 __all__ = ["ConnectFailed", "ConnectionDropped", "ReadTimeout", "UpstreamClient", "UpstreamError", "UpstreamResponse"]
 
 
 class _Connection(asyncio.Protocol):
+    transport: asyncio.Transport  # set by connection_made, before create_connection hands the connection over
+
     def __init__(self, client: UpstreamClient, key: tuple[str, int]):
         self.client, self.key = client, key
         self.parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
         self.response: UpstreamResponse | None = None
         self.received = False  # a byte of the current response came: the worker has the request, never resend it
         self.paused = self.keep_alive = False
@@ -79,24 +79,29 @@ class _Connection(asyncio.Protocol):
         if self.response is None:
             raise ConnectionDropped("the worker sent more than the answer")
 
+    # The callbacks below run between on_message_begin, which checked there is a response, and the end of a message.
     def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.response is not None
         self.response.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        status, headers = self.parser.get_status_code(), self.response.headers
+        response = self.response
+        assert response is not None
+        status, headers = self.parser.get_status_code(), response.headers
         if status < 200:  # 100 Continue, 103 Early Hints: the answer follows; 101 would end HTTP on this connection
             if status == 101:
                 raise ConnectionDropped("the worker switched protocols (101)")
-            self.interim, self.response.headers = True, {}
+            self.interim, response.headers = True, {}
             return
         # As llhttp_message_needs_eof, which httptools does not expose (nor llhttp_finish to tell it of the EOF).
         te = headers.get("transfer-encoding", "").lower()
         self.until_eof = status not in (204, 304) and not te.endswith("chunked") and (
             bool(te) or "content-length" not in headers)
-        self.response.status = status
-        self.response._wake()
+        response.status = status
+        response._wake()
 
     def on_body(self, body: bytes) -> None:
+        assert self.response is not None
         self.response._feed(body)
 
     def on_message_complete(self) -> None:

@@ -103,7 +103,7 @@ class UpstreamResponse:
     async def wait_headers(self, timeout: float | None = None) -> None:
         while not self.status and self._error is None:
             await self._wait(timeout)
-        if not self.status:
+        if not self.status and self._error is not None:  # the loop ends on a status or an error
             raise self._error
 
     def _take(self) -> list[bytes]:

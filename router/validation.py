@@ -103,7 +103,7 @@ def check_for_pair(checked: Checked, limits: ModelLimits) -> None:
             raise ApiError(400, f"{field} is {value}; the model's context length is {context}", field)
 
 
-def _unknown_vocabulary(field: str) -> ApiError:
+def _unknown_vocabulary(field: str | None) -> ApiError:
     return ApiError(503, f"{field}: the serving workers' vocabulary size is unknown, so token ids cannot be checked "
                          f"(static workers need vocab_size in the router config)", field)
 
@@ -135,8 +135,8 @@ def _check_prompts(checked: Checked, limits: ModelLimits) -> None:
 @cache
 def _model(name: str) -> type[BaseModel]:
     table = _TABLES[name]
-    fields = {key: (rule.type, ... if key in _REQUIRED else None)
-              for key, rule in table.items() if rule.decision is not Decision.REFUSED}
+    fields: dict[str, Any] = {key: (rule.type, ... if key in _REQUIRED else None)
+                              for key, rule in table.items() if rule.decision is not Decision.REFUSED}
     return create_model(name, __config__=ConfigDict(extra="forbid", strict=True), **fields)
 
 
@@ -234,7 +234,8 @@ def check_generate(body: dict[str, Any]) -> Checked:
                             "input_ids", "body")
     checks = _PairChecks()
     checks.gather(GENERATE, body, skip=frozenset({"input_ids"}))
-    batch_size, prompts, first = None, (), body.get("text")
+    batch_size, first = None, body.get("text")
+    prompts: tuple[list, ...] = ()
     if isinstance(first, list):
         batch_size, first = len(first), first[0]
     elif first is None:
@@ -250,8 +251,11 @@ def check_generate(body: dict[str, Any]) -> Checked:
         where = f"sampling_params[{i}]." if isinstance(params, list) else "sampling_params."
         _apply("sampling", p, where)
         checks.gather(SAMPLING, p, where)
-    text = body.get("text")
-    tokens = sum(map(len, prompts)) if prompts else _text_tokens(text if isinstance(text, list) else [text])
+    if prompts:
+        tokens = sum(map(len, prompts))
+    else:  # the text was given
+        text = body["text"]
+        tokens = _text_tokens(text if isinstance(text, list) else [text])
     return Checked(batch_size, body.get("stream") is True, first, "input_ids" if prompts else None, prompts,
                    _client_rid(body.get("rid"), batch_size), tuple(checks.id_fields), tuple(checks.counts), tokens)
 

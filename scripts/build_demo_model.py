@@ -65,9 +65,8 @@ def corpus() -> list[str]:
         mod = importlib.import_module(name)
         objs = [mod] + [getattr(mod, a) for a in sorted(dir(mod)) if not a.startswith("_")]
         for obj in objs:
-            if obj is mod or inspect.isclass(obj) or inspect.isroutine(obj):
-                if doc := inspect.getdoc(obj):
-                    docs[doc] = None
+            if (obj is mod or inspect.isclass(obj) or inspect.isroutine(obj)) and (doc := inspect.getdoc(obj)):
+                docs[doc] = None
     return list(docs)
 
 
@@ -133,10 +132,10 @@ def main() -> None:
     fingerprint = digest.hexdigest()
 
     info_path = out / "build-info.json"
-    if not args.force and info_path.is_file():
-        if json.loads(info_path.read_text()).get("fingerprint") == fingerprint:
-            print(f"{out}: up to date (fingerprint {fingerprint[:12]}), skipping; --force rebuilds")
-            return
+    if (not args.force and info_path.is_file()
+            and json.loads(info_path.read_text()).get("fingerprint") == fingerprint):
+        print(f"{out}: up to date (fingerprint {fingerprint[:12]}), skipping; --force rebuilds")
+        return
     if out.exists() and any(out.iterdir()) and not info_path.is_file():
         sys.exit(f"refusing to overwrite {out}: not empty and not built by this script")
 

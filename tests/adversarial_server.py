@@ -82,7 +82,7 @@ class RawServer:
     async def _read_request(self, reader: asyncio.StreamReader, idle: float | None) -> bytes | None:
         try:
             request_head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), idle)
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             return None
         length = 0
         for line in request_head.split(b"\r\n")[1:]:

@@ -16,7 +16,7 @@ import httpx
 
 from bench.procs import free_port
 
-__all__ = ["free_port", "seconds_until", "until", "used_tokens", "listing", "worker_url", "start_cluster", "give_up"]
+__all__ = ["free_port", "give_up", "listing", "seconds_until", "start_cluster", "until", "used_tokens", "worker_url"]
 
 # How often to ask a real cluster (HTTP to a router or a scheduler): more often would load the 2 cores it runs on.
 CLUSTER_POLL = 0.2

@@ -1,9 +1,10 @@
 """The internals the CPU attention adaptation replaces or relies on: checked as a whole first, then patched.
 
-Written against SGLang 0.5.23 and its torch 2.14. The method replaced, `TorchNativeAttnBackend._run_sdpa_forward_extend`,
-is compared by a fingerprint of its code (comments, formatting and docstring aside): any change to it, a fix included,
-stops the server at start with its name, rather than being overridden unseen. Its caller must still call it, and the
-torch op the replacement uses must still take and return what it did.
+Written against SGLang 0.5.23 and its torch 2.14. The method replaced,
+`TorchNativeAttnBackend._run_sdpa_forward_extend`, is compared by a fingerprint of its code (comments, formatting and
+docstring aside): any change to it, a fix included, stops the server at start with its name, rather than being
+overridden unseen. Its caller must still call it, and the torch op the replacement uses must still take and return what
+it did.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def _module(name: str) -> ModuleType:
 def fingerprint(fn: Any) -> str:
     """sha256 of the function's syntax tree, docstring left out: comments and formatting do not change it."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    if not isinstance(tree, ast.FunctionDef | ast.AsyncFunctionDef):
+        raise TypeError(f"{fn!r} is not a function")
     body = tree.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         tree.body = body[1:]
@@ -87,7 +90,8 @@ def check() -> dict[str, Any]:
         _fail(f"the source of {where}.{METHOD} cannot be read ({exc})")
     if found != FINGERPRINT:
         _fail(f"{where}.{METHOD} has changed (its code's fingerprint is {found[:12]}, not {FINGERPRINT[:12]})")
-    caller = getattr(inspect.unwrap(getattr(backend, CALLER, None)), "__code__", None)
+    calling = getattr(backend, CALLER, None)
+    caller = getattr(inspect.unwrap(calling), "__code__", None) if calling is not None else None
     if caller is None or METHOD not in caller.co_names:
         _fail(f"{where}.{CALLER} no longer calls {METHOD}")
     import torch

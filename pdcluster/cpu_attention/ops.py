@@ -66,7 +66,7 @@ def extend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_c
     queries = query.movedim(0, 1)  # [heads, tokens, dim]
     start = 0
     for req, length, prefix, new in zip(req_pool_indices.tolist(), seq_lens.tolist(), extend_prefix_lens.tolist(),
-                                        extend_seq_lens.tolist()):
+                                        extend_seq_lens.tolist(), strict=True):
         end = start + new
         if new:
             slots = req_to_token[req, :length]

@@ -44,7 +44,7 @@ def transfer_kv_direct(src_layers: Sequence[torch.Tensor], dst_layers: Sequence[
         raise ValueError(f"{len(src_layers)} source layer tensors but {len(dst_layers)} destination ones")
     _check(src_indices, dst_indices, page_size)
     src_idx, dst_idx = src_indices.to(torch.int64), dst_indices.to(torch.int64)
-    for src, dst in zip(src_layers, dst_layers):
+    for src, dst in zip(src_layers, dst_layers, strict=True):
         dst.index_copy_(0, dst_idx.to(dst.device), src.index_select(0, src_idx.to(src.device)).to(dst.device))
 
 

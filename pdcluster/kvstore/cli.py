@@ -77,7 +77,7 @@ def clear_namespaces(base: Path, fp: str | None) -> int:
     return status
 
 
-def _human(size: int) -> str:
+def _human(size: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"

@@ -56,7 +56,7 @@ def resolve_weights(model_path: str, revision: str | None, cache: DigestCache) -
 
     try:
         snapshot = Path(snapshot_download(model_path, revision=revision, allow_patterns=["config.json"]))
-    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated: SGLang would fail the same way
+    except Exception as exc:  # offline, unknown repo, gated: SGLang would fail the same way
         raise LaunchError(f"cannot resolve model {model_path} to a commit: {type(exc).__name__}: {exc}") from None
     config = weights_identity(snapshot, DigestCache(None))["config_sha256"]
     return {"hub": model_path, "commit": snapshot.name, "config_sha256": config}, snapshot.name
@@ -73,7 +73,7 @@ def build_page_hash_extension() -> float:
         from sglang.srt.mem_cache.cpp_utils.native_hash import _load_native_hash_module
 
         _load_native_hash_module()
-    except Exception as exc:  # noqa: BLE001 - the compiler's message is in the chain
+    except Exception as exc:  # the compiler's message is in the chain
         raise LaunchError(f"cannot build SGLang's page-hash extension (needs g++ and OpenSSL headers, "
                           f"libssl-dev): {_root_cause(exc)}") from None
     return time.monotonic() - started
@@ -81,9 +81,10 @@ def build_page_hash_extension() -> float:
 
 def _root_cause(exc: BaseException) -> str:
     lines: list[str] = []
-    while exc is not None:
-        lines += [line.strip() for line in str(exc).splitlines() if line.strip()]
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None:
+        lines += [line.strip() for line in str(link).splitlines() if line.strip()]
+        link = link.__cause__ or link.__context__
     errors = [line for line in lines if "error:" in line.lower()]
     return (errors or lines or ["unknown error"])[0][:300]
 

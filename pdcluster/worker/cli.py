@@ -18,6 +18,8 @@ from pdcluster.logs import setup_logging
 if TYPE_CHECKING:
     from pdcluster.worker.plan import RoleRules
 
+log = logging.getLogger("pdcluster.worker")
+
 
 def main(rules: RoleRules, argv: list[str] | None = None) -> int:
     role = rules.ROLE
@@ -47,14 +49,14 @@ def main(rules: RoleRules, argv: list[str] | None = None) -> int:
     from pdcluster.worker.registrar import Registrar
     from pdcluster.worker.supervisor import Supervisor
 
-    logging.info("starting SGLang %s%s: %s", role.value, " (CPU profile)" if plan.cpu else "", plan.describe())
+    log.info("starting SGLang %s%s: %s", role.value, " (CPU profile)" if plan.cpu else "", plan.describe())
     registrar = Registrar(plan) if plan.cluster.bootstrap_url else None
     supervisor = Supervisor(plan.command, plan.env, plan.cluster.resolved_grace_period(),
                             on_stop=registrar.leave_pools if registrar else lambda: None)
     code = supervisor.run(while_running=registrar.start if registrar else None)
     if registrar:
         registrar.stop()
-    logging.info("SGLang %s exited with status %s", role.value, code)
+    log.info("SGLang %s exited with status %s", role.value, code)
     return code
 
 

@@ -149,10 +149,10 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
             options.set_default(key, value)
 
     ns = options.parse()
-    stores_kv = kv is not None and rules.stores_kv(ns)
-    if stores_kv:
+    stored = kv if kv is not None and rules.stores_kv(ns) else None  # the KV store this worker writes to, if any
+    if stored is not None:
         checks.check_kv_store(ns, cpu, rules.check_kv_store)
-        checks.check_kv_store_dir(kv.dir)
+        checks.check_kv_store_dir(stored.dir)
     if ns.disaggregation_transfer_backend not in MOONCAKE_BACKENDS | rules.EXTRA_TRANSFER_BACKENDS:
         raise ConfigError(f"disaggregation-transfer-backend {ns.disaggregation_transfer_backend}: pdcluster moves KV "
                           f"with Mooncake (mooncake, or mooncake_tcp without RDMA)")
@@ -171,8 +171,8 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
         env_added["PDCLUSTER_CPU_HICACHE"] = "1"  # pdcluster/cpu_hicache (an SGLang plugin) adapts HiCache to CPU
     if cpu:  # pdcluster/cpu_attention (an SGLang plugin): extend attention of the new tokens only
         env_added[CPU_ATTENTION_ENV] = "1" if cluster.cpu_attention else "0"
-    if stores_kv:
-        env_added.update(_kv_store_env(kv, ns.tp_size * ns.pp_size))
+    if stored is not None:
+        env_added.update(_kv_store_env(stored, ns.tp_size * ns.pp_size))
     cores = checks.check_cpus(cluster)
     if cores:
         env_added[THREADS_ENV] = str(len(cores))
@@ -202,10 +202,11 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
         instance_id=uuid.uuid4().hex,
     )
     command = [sys.executable, "-m", "sglang.launch_server", *options.argv()]
-    if stores_kv:  # prepares the namespace and builds the page-hash extension, then execs SGLang (kvstore/launch.py)
+    # With a KV store: prepares the namespace and builds the page-hash extension, then execs SGLang (kvstore/launch.py)
+    if stored is not None:
         command = [sys.executable, "-m", "pdcluster.kvstore", "launch", "--role", role.value,
-                   "--dir", os.path.abspath(os.path.expanduser(kv.dir)),
-                   "--orphan-tmp-age", str(kv.orphan_tmp_age), "--", *command]
+                   "--dir", os.path.abspath(os.path.expanduser(stored.dir)),
+                   "--orphan-tmp-age", str(stored.orphan_tmp_age), "--", *command]
     if cores:  # taskset execs the command on those cores: every process and thread it starts inherits them
         command = [TASKSET, "--cpu-list", ",".join(map(str, cores)), *command]
     return LaunchPlan(role, command, final_env, env_added, cluster, registration, cpu)
@@ -251,7 +252,8 @@ def _model_limits(model_path: str, context_length: int | None) -> dict[str, int 
     except (OSError, ValueError):
         config = {}
     config = config if isinstance(config, dict) else {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text = config.get("text_config")
+    text = text if isinstance(text, dict) else {}
 
     def pick(key: str) -> int | None:
         value = config.get(key, text.get(key))

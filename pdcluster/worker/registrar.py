@@ -104,7 +104,8 @@ class Registrar:
             return False, f"SGLang /health timed out and SGLang used {used:.2f} cores meanwhile"
         except httpx.HTTPError as exc:
             return False, f"SGLang /health unreachable: {type(exc).__name__}"
-        return response.status_code == 200, "" if response.status_code == 200 else f"SGLang /health {response.status_code}"
+        ok = response.status_code == 200
+        return ok, "" if ok else f"SGLang /health {response.status_code}"
 
     def _probe_loop(self) -> None:
         deadline = time.monotonic() + self.plan.cluster.ready_timeout
@@ -114,7 +115,8 @@ class Registrar:
                 if self.health[0]:
                     self._serving.set()
                 elif not self._serving.is_set() and time.monotonic() > deadline:
-                    log.error("SGLang did not answer /health within %.0fs; not registering", self.plan.cluster.ready_timeout)
+                    log.error("SGLang did not answer /health within %.0fs; not registering",
+                              self.plan.cluster.ready_timeout)
                     return
                 serving = self._serving.is_set() and self.health[0]
                 self._stop.wait(self.plan.cluster.health_interval if serving else self.plan.cluster.heartbeat_interval)

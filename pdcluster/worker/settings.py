@@ -48,7 +48,8 @@ class ClusterSettings(BaseModel):
     bootstrap_url: str | None = "http://127.0.0.1:8998"
     # Shared secret for the bootstrap service's writes; PDCLUSTER_TOKEN in the environment is used when unset.
     token: str | None = None
-    # The address other processes reach this worker at. Default: SGLang's --host, or this host's name when that is 0.0.0.0.
+    # The address other processes reach this worker at. Default: SGLang's --host, or this host's name when that is
+    # 0.0.0.0.
     advertise_host: str | None = None
     worker_id: str | None = None
     heartbeat_interval: float = Field(default=1.0, gt=0, le=60)

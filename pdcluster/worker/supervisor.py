@@ -6,6 +6,7 @@ of its own, so the whole tree shares one process group that can be killed in one
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,10 +22,8 @@ STOP_MARGIN = 10.0
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class Supervisor:

@@ -107,7 +107,8 @@ GENERATE: dict[str, Rule] = {
     "return_logprob": passed("one value for the whole request", Flag | None),
     "logprob_start_len": bounded("-1 (output only) or a prompt position; -5 crashed the scheduler", LogprobStart | None,
                                  PairLimit.POSITION),
-    "top_logprobs_num": bounded("one value, 0 to 20: 2000 (over the demo model's vocabulary) and 10**9 crashed the scheduler", TopLogprobs | None),
+    "top_logprobs_num": bounded("one value, 0 to 20: 2000 (over the demo model's vocabulary) and 10**9 crashed the "
+                                "scheduler", TopLogprobs | None),
     "token_ids_logprob": bounded("one list of ids in the vocabulary", TokenIds | None, PairLimit.TOKEN_IDS),
     "return_text_in_logprobs": passed("", Flag),
     "no_logs": passed("asks the workers not to log the request's content", Flag),

@@ -29,4 +29,4 @@ def make_policy(name: str) -> Policy:
     return REGISTRY[known_policy(name)]()
 
 
-__all__ = ["Policy", "REGISTRY", "known_policy", "make_policy"]
+__all__ = ["REGISTRY", "Policy", "known_policy", "make_policy"]

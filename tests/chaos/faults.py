@@ -3,6 +3,7 @@ timings each must meet: out of rotation within DETECT_LIMIT, every worker servin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -82,10 +83,8 @@ class Chaos:
             time.sleep(max(0.0, HANG_SECONDS - (time.monotonic() - began)))
         finally:
             for p in processes:
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     p.resume()
-                except psutil.NoSuchProcess:
-                    pass
         result.resumed_at = self.load.now()
         resumed = time.monotonic()
         self.probes.exclude(name, result.injected_at, result.resumed_at)

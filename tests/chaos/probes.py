@@ -93,7 +93,7 @@ class Probes:
         for name in self.names:
             windows = self.excluded[name]
 
-            def kept(t: float) -> bool:
+            def kept(t: float, windows: list[tuple[float, float]] = windows) -> bool:
                 return since <= t <= until and not any(a - 1 <= t <= b + 5 for a, b in windows)
 
             keep = [s for s in self.samples[name] if kept(s[0])]

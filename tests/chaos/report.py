@@ -37,8 +37,8 @@ def dump(result: dict) -> str:
     text = json.dumps(result, indent=1)
     for pattern in (r"\[\n\s+([^\[\]{}]*?)\n\s+\]", r"\{\n\s+([^\[\]{}]*?)\n\s+\}"):
         opening, closing = pattern[1], pattern[-1]
-        text = re.sub(pattern, lambda m: opening + " ".join(line.strip() for line in m.group(1).splitlines())
-                      + closing, text)
+        text = re.sub(pattern, lambda m, opening=opening, closing=closing:
+                      opening + " ".join(line.strip() for line in m.group(1).splitlines()) + closing, text)
     return text + "\n"
 
 
@@ -98,7 +98,7 @@ def draw(result: dict, path: Path) -> None:
     style = {"ok": ("#2ca02c", "o", "right answer"), "error": ("#d62728", "s", "clear error"),
              "refused": ("#7f7f7f", ".", "refused"), "defect": ("black", "x", "defect")}
     columns = result["requests_columns"]
-    requests = [dict(zip(columns, row)) for row in result["requests"]]
+    requests = [dict(zip(columns, row, strict=True)) for row in result["requests"]]
     for outcome, (color, marker, label) in style.items():
         mine = [r for r in requests if r["outcome"] == outcome]
         if mine:

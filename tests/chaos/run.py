@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(f"{out}.json").write_text(dump(result))
     try:
         draw(result, Path(f"{out}.png"))
-    except Exception as exc:  # noqa: BLE001 - the JSON is the result; the picture is a view of it
+    except Exception as exc:  # the JSON is the result; the picture is a view of it
         log(f"no picture: {exc}")
     log(f"{summary.get('requests', 0)} requests: {summary.get('ok', 0)} ok, {summary.get('error', 0)} clear errors, "
         f"{summary.get('refused', 0)} refused, {summary.get('defect', 0)} defects; "

@@ -69,7 +69,7 @@ def find_cli() -> str:
     if os.environ.get("PDCLUSTER_DOCKER_CLI"):
         return os.environ["PDCLUSTER_DOCKER_CLI"]
     seen, candidates = set(), []
-    for directory in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin"]:
+    for directory in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin"]:
         path = os.path.join(directory, "docker")
         if os.access(path, os.X_OK) and os.path.realpath(path) not in seen:
             seen.add(os.path.realpath(path))

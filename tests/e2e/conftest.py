@@ -7,6 +7,7 @@ end-to-end test errors (never skips): CI must not go green on a cluster that doe
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -71,10 +72,8 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL, include_root: bool = True) ->
     hold_pid(pid)
     root = psutil.Process(pid)
     for process in [*root.children(recursive=True), *([root] if include_root else [])]:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
 
 
 

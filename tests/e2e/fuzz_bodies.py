@@ -94,7 +94,7 @@ class BodyMaker:
         return st.tuples(base if base is not None else st.just({}),
                          st.lists(names, max_size=4, unique=True).flatmap(
                              lambda chosen: st.tuples(*(self.value(table, n, valid) for n in chosen)).map(
-                                 lambda values, chosen=chosen: dict(zip(chosen, values))))).map(
+                                 lambda values, chosen=chosen: dict(zip(chosen, values, strict=True))))).map(
             lambda both: {**both[0], **both[1]})
 
     def message(self) -> st.SearchStrategy:

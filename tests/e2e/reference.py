@@ -56,7 +56,7 @@ class ReferenceModel:
 def assert_matches(got: list[int], ref: Reference, eos: int) -> None:
     want = [t for t in ref.ids if t != eos]
     got = [t for t in got if t != eos]
-    for step, (g, w) in enumerate(zip(got, want)):
+    for step, (g, w) in enumerate(zip(got, want, strict=False)):
         if g != w:
             assert ref.margins[step] < TIE_MARGIN, (
                 f"token {step}: got {g}, reference {w} (reference top-2 margin {ref.margins[step]:.4g}, not a tie)\n"

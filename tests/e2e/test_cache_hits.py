@@ -66,5 +66,5 @@ def test_a_batch_mixing_hits_partial_hits_and_misses(router, reference):
     assert cached[0] >= len(refs[0].prompt_ids) - 1, cached
     assert cached[2] >= len(reference.tokenizer(shared)["input_ids"]) - 2, cached  # the shared part, give or take
     assert cached[1] < 8 and cached[3] < 8, cached  # at most a few tokens a new text shares with others
-    for answer, ref in zip(answers, refs):
+    for answer, ref in zip(answers, refs, strict=True):
         assert_matches(answer["output_ids"], ref, reference.eos)

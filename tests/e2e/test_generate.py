@@ -63,14 +63,14 @@ def test_batch_of_prompts_gets_one_answer_each(router, reference, prompts):
     assert response.status_code == 200, response.text
     answers = response.json()
     assert len(answers) == 2
-    for text, answer in zip(texts, answers):
+    for text, answer in zip(texts, answers, strict=True):
         assert_matches(answer["output_ids"], reference.greedy(text, 8), reference.eos)
 
 
 def test_sixteen_concurrent_requests_all_succeed_with_the_right_tokens(cluster, reference):
-    texts = [f"Request number {i} asks about {word}" for i, word in enumerate(
-        "apples rivers servers bread foxes routers classes values streets shops dogs banks mornings smells "
-        "objects functions".split())]
+    words = ["apples", "rivers", "servers", "bread", "foxes", "routers", "classes", "values", "streets", "shops",
+             "dogs", "banks", "mornings", "smells", "objects", "functions"]
+    texts = [f"Request number {i} asks about {word}" for i, word in enumerate(words)]
     refs = [reference.greedy(t, 8) for t in texts]
 
     def ask(text: str) -> httpx.Response:
@@ -79,7 +79,7 @@ def test_sixteen_concurrent_requests_all_succeed_with_the_right_tokens(cluster, 
     with ThreadPoolExecutor(max_workers=16) as pool:
         responses = list(pool.map(ask, texts))
     assert [r.status_code for r in responses] == [200] * 16
-    for response, ref in zip(responses, refs):
+    for response, ref in zip(responses, refs, strict=True):
         assert_matches(response.json()["output_ids"], ref, reference.eos)
 
 

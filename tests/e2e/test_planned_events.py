@@ -111,7 +111,8 @@ def test_a_worker_with_other_weights_under_the_same_path_is_kept_out(cluster, ro
     try:
         def admission() -> str:
             return next((w["admission"] for w in router.get("/ready").json()["workers"] if w["worker_id"] == wid), "")
-        assert until(lambda: admission() == "refused", 300, CLUSTER_POLL), (tmp_path / "impostor.log").read_text()[-2000:]
+        assert until(lambda: admission() == "refused", 300, CLUSTER_POLL), \
+            (tmp_path / "impostor.log").read_text()[-2000:]
         assert metric(cluster.router_url, "pdcluster_router_admissions_total", role="decode",
                       result="refused") == before + 1
         served = {router.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 2}}).headers[

@@ -73,7 +73,8 @@ def test_kill_9_of_a_decode_drops_it_from_the_listing_and_requests_keep_succeedi
     ttl = 5.0  # configs/bootstrap.yaml
     assert until(lambda: len(listing(cluster, "decode")) == 1, timeout=ttl + 2, interval=CLUSTER_POLL)
     for i in range(6):
-        response = router.post("/generate", json={"text": f"still serving {i}", "sampling_params": {"max_new_tokens": 2}})
+        response = router.post("/generate", json={"text": f"still serving {i}",
+                                                   "sampling_params": {"max_new_tokens": 2}})
         assert response.status_code == 200, response.text
         assert response.headers["x-pdcluster-decode"].endswith(str(cluster.spec.decode.first_port))
 

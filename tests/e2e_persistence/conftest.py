@@ -61,9 +61,9 @@ def prompt_ids(tokenizer, tag: str, n_tokens: int) -> list[int]:
     return ids[:n_tokens]
 
 
-def greedy_ids(reference: ReferenceModel, prompt: list[int], max_new_tokens: int) -> Reference:
+def greedy_ids(model: ReferenceModel, prompt: list[int], max_new_tokens: int) -> Reference:
     """ReferenceModel.greedy for a prompt given as token ids (a next turn's ids do not round-trip through text)."""
-    return reference.greedy_ids(prompt, max_new_tokens)
+    return model.greedy_ids(prompt, max_new_tokens)
 
 
 @dataclass
@@ -266,7 +266,7 @@ def write_worker_config(role: str, model_link: Path, kv_dir: Path, path: Path) -
 
 
 @pytest.fixture(scope="package")
-def pc(demo_model, tmp_path_factory) -> PersistentCluster:
+def pc(demo_model, tmp_path_factory) -> PersistentCluster:  # noqa: F811 - the imported fixture
     root = tmp_path_factory.mktemp("persistence")
     kv_dir, model_link = root / "kv", root / "model"
     model_link.symlink_to(DEMO)

@@ -9,6 +9,7 @@ restarts (the two run in that order: tests/conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -67,10 +68,8 @@ def stored_bytes(directory: Path) -> int:
     total = 0
     for entry in directory.rglob("*"):
         if entry.name.endswith((".bin", ".tmp")):
-            try:
+            with contextlib.suppress(FileNotFoundError):  # renamed or evicted meanwhile
                 total += entry.stat().st_size
-            except FileNotFoundError:
-                pass  # renamed or evicted meanwhile
     return total
 
 
@@ -95,7 +94,8 @@ def errors_logged(pc, offset: int, *reasons: str) -> list[str]:
 
 
 # A developer's non-root run only; in CI (root, or CI set) the test runs and fails if it cannot mount.
-@pytest.mark.skipif(not ROOT and not os.environ.get("CI"), reason="a full filesystem needs a tmpfs mount (root)")  # skip-ok: non-root dev run only
+@pytest.mark.skipif(not ROOT and not os.environ.get("CI"),  # skip-ok: non-root dev run only
+                    reason="a full filesystem needs a tmpfs mount (root)")
 def test_full_disk_costs_recomputation_only(pc, reference, bounded, small_dir):
     """First in this module, on an empty namespace: with pages stored, the evictor would make room for each write by
     deleting old pages (the bound is checked before the disk), and the disk would never be full for long."""

@@ -16,9 +16,8 @@ import sys
 import httpx
 import pytest
 
-from tests.e2e_persistence.conftest import REPO
 from tests.e2e.reference import ReferenceModel, assert_matches
-from tests.e2e_persistence.conftest import PAGE, greedy_ids, prompt_ids
+from tests.e2e_persistence.conftest import PAGE, REPO, greedy_ids, prompt_ids
 
 MAX_NEW = 16
 CHUNK = 128  # a multiple of the page size, as SGLang requires
@@ -86,7 +85,7 @@ def test_a_batch_mixing_hits_and_misses(pc, reference, gqa):
     answers = response.json()
     cached = [a["meta_info"].get("cached_tokens", 0) for a in answers]
     assert cached[0] >= 384 and cached[1] == 0 and cached[2] >= 192 and cached[3] == 0, cached
-    for answer, prompt in zip(answers, prompts):
+    for answer, prompt in zip(answers, prompts, strict=True):
         assert_matches(answer["output_ids"], greedy_ids(reference, prompt, MAX_NEW), reference.eos)
 
 

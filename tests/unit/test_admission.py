@@ -33,7 +33,8 @@ def test_a_worker_with_other_weights_is_kept_out_and_a_good_one_comes_in():
         with ServerThread(create_app(RouterConfig(bootstrap_url=service.url, expose_worker_ids=True))) as router:
             # The first pair of a model sets the reference: both admitted before the router serves.
             assert httpx.get(f"{router.url}/ready").status_code == 200
-            assert {k: v["admission"] for k, v in workers(router.url).items()} == {"p": "admitted", "d-good": "admitted"}
+            admissions = {k: v["admission"] for k, v in workers(router.url).items()}
+            assert admissions == {"p": "admitted", "d-good": "admitted"}
             register(service.url, "d-wrong", "decode", w.url)  # same identity, other weights
             assert until(lambda: workers(router.url).get("d-wrong", {}).get("admission") == "refused")
             refused = workers(router.url)["d-wrong"]

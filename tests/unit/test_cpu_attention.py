@@ -32,7 +32,7 @@ def batch(seed: int, dtype=torch.float32):
     req_to_token = torch.zeros(8, max(p + n for p, n in lens) + page, dtype=torch.int64)
     order = rng.sample(range(8), len(lens))  # requests sit in any row of req_to_token
     used = 0
-    for row, (p, n), count in zip(order, lens, pages):
+    for row, (p, n), count in zip(order, lens, pages, strict=True):
         slots = (pool_pages[used:used + count, None] * page + torch.arange(page)).reshape(-1)
         req_to_token[row, :p + n] = slots[:p + n]
         used += count
@@ -89,7 +89,8 @@ def test_a_prefix_of_thousands_and_one_new_token():
 # --- the plugin against the installed SGLang ---------------------------------------------------------------------
 
 # On a CUDA machine the plugin is a no-op by design (its no-op tests run there); CI has no GPU.
-needs_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the adaptation is for machines without CUDA")  # skip-ok: GPU only
+needs_cpu = pytest.mark.skipif(torch.cuda.is_available(),  # skip-ok: GPU only
+                               reason="the adaptation is for machines without CUDA")
 
 
 @pytest.fixture
@@ -120,10 +121,10 @@ class Pool:
 
 def forward_extend(backend_cls, seed, **layer_extra):
     """SGLang's own TorchNativeAttnBackend.forward_extend on a random batch, its new tokens' K/V written by it."""
-    query, args, lens, scaling, gqa = batch(seed)
+    query, args, lens, scaling, _gqa = batch(seed)
     heads, kv_heads, dim = query.shape[1], args["k_cache"].shape[1], query.shape[2]
     new_slots = torch.cat([args["req_to_token"][r, p:p + n] for r, (p, n) in zip(args["req_pool_indices"].tolist(),
-                                                                                   lens)])
+                                                                                   lens, strict=True)])
     runner = types.SimpleNamespace(device="cpu", req_to_token_pool=types.SimpleNamespace(
         req_to_token=args["req_to_token"]), token_to_kv_pool=Pool(args["k_cache"].clone(), args["v_cache"].clone()))
     backend = backend_cls(runner)
@@ -178,7 +179,7 @@ def test_what_it_does_not_cover_is_sglangs_own_bit_for_bit(backend_cls, monkeypa
     error = None
     try:
         want = sglang_own(query, args, scaling, gqa, **dict(extra))
-    except Exception as exc:  # noqa: BLE001 - whatever SGLang's own does, the patched method must do the same
+    except Exception as exc:  # whatever SGLang's own does, the patched method must do the same
         error = type(exc)
     if error:
         with pytest.raises(error):

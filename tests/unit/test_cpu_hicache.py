@@ -43,7 +43,7 @@ def test_direct_copies_token_rows_of_every_layer(page_size, pattern, num_layers)
     ops.transfer_kv_direct(src_layers=src, dst_layers=dst, src_indices=s_idx, dst_indices=d_idx, page_size=page_size)
     for j in range(2 * num_layers):
         want = before[j].clone()
-        for s, d in zip(s_idx.tolist(), d_idx.tolist()):
+        for s, d in zip(s_idx.tolist(), d_idx.tolist(), strict=True):
             want[d] = src[j][s]
         assert torch.equal(dst[j], want)
 
@@ -84,7 +84,7 @@ def test_page_first_direct_both_ways(page_size, pattern, num_layers, components)
             for t in range(page_size):
                 want[d + t] = host_before[c][hp, layer_id, t]
         assert torch.equal(fresh[c], want)
-    assert all(torch.equal(a, b) for a, b in zip(device, device_before))  # sources untouched
+    assert all(torch.equal(a, b) for a, b in zip(device, device_before, strict=True))  # sources untouched
 
 
 def test_ops_take_sgl_kernels_parameters_and_reject_bad_shapes():
@@ -107,7 +107,8 @@ def test_ops_take_sgl_kernels_parameters_and_reject_bad_shapes():
 # --- the plugin against the installed SGLang ---------------------------------------------------------------------
 
 # On a CUDA machine the plugin is a no-op by design (its no-op tests run there); CI has no GPU.
-needs_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the adaptation is for machines without CUDA")  # skip-ok: GPU only
+needs_cpu = pytest.mark.skipif(torch.cuda.is_available(),  # skip-ok: GPU only
+                               reason="the adaptation is for machines without CUDA")
 
 
 @pytest.fixture
@@ -116,7 +117,8 @@ def sglang_mods():
     import sglang.srt.mem_cache.pool_host.base as base
     import sglang.srt.mem_cache.pool_host.mha as mha
 
-    originals = (base.HostKVCache.__init__, controller.HiCacheController.__init__, base.HICACHE_HOST_MEMORY_RESERVE_BYTES)
+    originals = (base.HostKVCache.__init__, controller.HiCacheController.__init__,
+                 base.HICACHE_HOST_MEMORY_RESERVE_BYTES)
     yield types.SimpleNamespace(base=base, mha=mha, controller=controller)
     internals.undo()
     assert (base.HostKVCache.__init__, controller.HiCacheController.__init__,
@@ -237,4 +239,4 @@ def test_sglang_host_pool_round_trip(sglang_mods, layout, page_size):
     dev2 = indices("random", 5, page_size, 30, gen)
     for layer in range(num_layers):
         host.load_to_device_per_layer(kv, hst, dev2, layer, "direct")
-    assert all(torch.equal(t[dev2], w) for t, w in zip((*kv.k_buffer, *kv.v_buffer), want))
+    assert all(torch.equal(t[dev2], w) for t, w in zip((*kv.k_buffer, *kv.v_buffer), want, strict=True))

@@ -1,3 +1,5 @@
+from itertools import pairwise
+
 from pdcluster.protocol import Role
 from router.config import RouterConfig
 from router.pd_fields import add_pd_fields, new_rid
@@ -35,7 +37,7 @@ def test_no_rid_is_a_prefix_of_another():
     rids = [new_rid() for _ in range(20_000)]
     assert len(set(rids)) == len(rids) and {len(r) for r in rids} == {32}
     ordered = sorted(rids)  # a prefix would sort right before the rid it starts
-    assert not any(b.startswith(a) for a, b in zip(ordered, ordered[1:]))
+    assert not any(b.startswith(a) for a, b in pairwise(ordered))
 
 
 def test_rooms_differ_between_requests():

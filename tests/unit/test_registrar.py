@@ -76,10 +76,14 @@ def test_a_stopping_worker_deregisters_at_once_and_its_heartbeats_never_register
         made = registrar("http://127.0.0.1:9")
         made.plan.cluster.bootstrap_url, made.plan.cluster.heartbeat_interval = service.url, 0.05
         made.service = httpx.Client(base_url=service.url, timeout=3.0)
-        made.registration = SimpleNamespace(worker_id="w", url="http://w", model_dump_json=lambda: json.dumps(registration("w")))
+        made.registration = SimpleNamespace(worker_id="w", url="http://w",
+                                            model_dump_json=lambda: json.dumps(registration("w")))
         made._serving.set()
         made._threads[1].start()  # the heartbeats: they register it
-        listed = lambda: [w["registration"]["worker_id"] for w in httpx.get(f"{service.url}/v1/workers").json()["workers"]]
+
+        def listed() -> list[str]:
+            return [w["registration"]["worker_id"] for w in httpx.get(f"{service.url}/v1/workers").json()["workers"]]
+
         assert until(lambda: listed() == ["w"])
         made.leave_pools()
         assert listed() == []

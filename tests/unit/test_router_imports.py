@@ -38,11 +38,11 @@ def test_router_modules_import_no_cycle():
 
     def visit(name: str, path: list[str]) -> None:
         if name in path:
-            raise AssertionError(f"import cycle: {' -> '.join(path[path.index(name):] + [name])}")
+            raise AssertionError(f"import cycle: {' -> '.join([*path[path.index(name):], name])}")
         if name in done:
             return
         for imported in sorted(graph[name]):
-            visit(imported, path + [name])
+            visit(imported, [*path, name])
         done.add(name)
 
     for name in sorted(graph):

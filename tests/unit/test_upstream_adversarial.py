@@ -18,8 +18,19 @@ import uvloop
 
 from router.upstream import UpstreamClient, UpstreamError
 from router.upstream_response import PAUSE_ABOVE
-from tests.adversarial_server import (CLOSE, HANG, RESET, IdleClose, RawServer, chunked, close_delimited,
-                                      follow_up_body, head, pattern, with_length)
+from tests.adversarial_server import (
+    CLOSE,
+    HANG,
+    RESET,
+    IdleClose,
+    RawServer,
+    chunked,
+    close_delimited,
+    follow_up_body,
+    head,
+    pattern,
+    with_length,
+)
 
 KiB, MiB = 1 << 10, 1 << 20
 READ_TIMEOUT = 3.0  # for every case but the stalls: only a stall may ever reach it

@@ -3,7 +3,15 @@
 import pytest
 
 from pdcluster.http import ApiError
-from router.validation import HINT_CHARS, ModelLimits, check_chat, check_completion, check_generate, check_for_pair, client_request_id
+from router.validation import (
+    HINT_CHARS,
+    ModelLimits,
+    check_chat,
+    check_completion,
+    check_for_pair,
+    check_generate,
+    client_request_id,
+)
 
 
 @pytest.mark.parametrize(

@@ -116,7 +116,8 @@ def test_command_line_beats_file_beats_profile(tmp_path, model_dir):
 @pytest.mark.parametrize(
     ("yaml_text", "overrides", "role", "message"),
     [
-        ("max-totl-tokens: 5", [], Role.PREFILL, "unknown SGLang option --max-totl-tokens (did you mean --max-total-tokens?)"),
+        ("max-totl-tokens: 5", [], Role.PREFILL,
+         "unknown SGLang option --max-totl-tokens (did you mean --max-total-tokens?)"),
         ("", ["--disaggregation-mode", "decode"], Role.PREFILL, "contradicts this prefill worker"),
         ("disaggregation-transfer-backend: fake", [], Role.PREFILL, "fake is decode-only"),
         ("disaggregation-transfer-backend: nixl", [], Role.DECODE, "Mooncake"),
@@ -261,7 +262,7 @@ def test_kv_store_refusals(tmp_path, model_dir, kv, yaml_text, role, device, mes
 
 def test_kv_store_dir_must_be_creatable_and_writable(tmp_path, model_dir):
     (tmp_path / "a-file").write_text("")
-    with pytest.raises(ConfigError, match="kv_store.dir .*a-file/kv: cannot create or write it"):
+    with pytest.raises(ConfigError, match=r"kv_store\.dir .*a-file/kv: cannot create or write it"):
         kv_plan(tmp_path, model_dir, {"dir": str(tmp_path / "a-file" / "kv")})
     if os.geteuid() != 0:  # root writes through permission bits
         locked = tmp_path / "locked"

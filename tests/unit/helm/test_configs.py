@@ -13,8 +13,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.unit.helm.chart import (NAMESPACE, POD_IP, PREFIX, RELEASE, REPO, WORKERS, by_kind, config_file, container,
-                                   ctr_port, env_of, kv_mount, pod_spec, workloads)
+from tests.unit.helm.chart import (
+    NAMESPACE,
+    POD_IP,
+    PREFIX,
+    RELEASE,
+    REPO,
+    WORKERS,
+    by_kind,
+    config_file,
+    container,
+    ctr_port,
+    env_of,
+    kv_mount,
+    pod_spec,
+    workloads,
+)
 
 
 def strip(config: dict, *dotted: str) -> dict:

@@ -8,8 +8,21 @@ import json
 
 import pytest
 
-from tests.unit.helm.chart import (NAMESPACE, PREFIX, WORKERS, by_kind, config_file, container, env_of, helm, kv_mount,
-                                   matches, pod_spec, render, workloads)
+from tests.unit.helm.chart import (
+    NAMESPACE,
+    PREFIX,
+    WORKERS,
+    by_kind,
+    config_file,
+    container,
+    env_of,
+    helm,
+    kv_mount,
+    matches,
+    pod_spec,
+    render,
+    workloads,
+)
 
 
 def test_workers_get_gpus_shm_and_probes_long_enough_for_a_model_load(rendered):
@@ -114,7 +127,7 @@ def test_rdma_selects_mooncake_over_rdma_and_asks_for_the_devices(chart, rendere
                 assert matches(term["labelSelector"]["matchLabels"], workload["spec"]["template"]["metadata"]["labels"])
     for role in WORKERS:
         assert config_file(rendered["default"], role)["disaggregation-transfer-backend"] == "mooncake_tcp"
-    with pytest.raises(helm.HelmError, match="rdma.enabled needs rdma.resources"):
+    with pytest.raises(helm.HelmError, match=r"rdma\.enabled needs rdma\.resources"):
         render(chart, {"rdma": {"enabled": True}})
 
 

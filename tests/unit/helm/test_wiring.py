@@ -8,8 +8,26 @@ import re
 import pytest
 import yaml
 
-from tests.unit.helm.chart import (API_KEY, CHART, NAMESPACE, PREFIX, RELEASE, VARIANTS, WORKERS, by_kind, config_file,
-                                   container, ctr_port, deep_merge, env_of, helm, matches, pod_spec, render, workloads)
+from tests.unit.helm.chart import (
+    API_KEY,
+    CHART,
+    NAMESPACE,
+    PREFIX,
+    RELEASE,
+    VARIANTS,
+    WORKERS,
+    by_kind,
+    config_file,
+    container,
+    ctr_port,
+    deep_merge,
+    env_of,
+    helm,
+    matches,
+    pod_spec,
+    render,
+    workloads,
+)
 
 
 def test_references_resolve_inside_the_release(rendered):
