@@ -52,7 +52,7 @@ unit:
 e2e:
 	$(PY) -m pytest tests/e2e
 
-# `docker compose --profile cpu up` for real (part of `make test`): see the README's docker compose section.
+# `docker compose --profile cpu up` for real (part of `make test`): see docs/testing.md, Compose.
 test-compose:
 	$(PY) -m pytest tests/compose
 

@@ -1,4 +1,4 @@
-"""python decode.py --config configs/decode.yaml  (see README: Configuration)."""
+"""python decode.py --config configs/decode.yaml  (see docs/configuration.md)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""python prefill.py --config configs/prefill.yaml  (see README: Configuration)."""
+"""python prefill.py --config configs/prefill.yaml  (see docs/configuration.md)."""
 
 import sys
 

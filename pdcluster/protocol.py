@@ -45,9 +45,6 @@ class WorkerRegistration(_Strict):
     # A prefill's SGLang KV bootstrap server: decode workers fetch transfer metadata from it.
     bootstrap_host: str | None = None
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
-    tp_size: int = Field(default=1, ge=1)
-    dp_size: int = Field(default=1, ge=1)
-    max_total_tokens: int | None = Field(default=None, ge=1)
     # From a local model folder's config.json (context_length: SGLang's --context-length when set); None: unknown.
     vocab_size: int | None = Field(default=None, ge=1)
     context_length: int | None = Field(default=None, ge=1)

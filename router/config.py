@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import os
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
-    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -29,26 +27,13 @@ class StaticWorker(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: HttpUrl
     # A prefill's SGLang KV bootstrap server (what decode fetches KV metadata from); the host defaults to the url's.
-    # Not the bootstrap service (bootstrap_url). Deprecated names, still accepted: bootstrap_host, bootstrap_port.
-    kv_bootstrap_host: str | None = Field(default=None, validation_alias=AliasChoices("kv_bootstrap_host",
-                                                                                      "bootstrap_host"))
-    kv_bootstrap_port: int | None = Field(default=None, ge=1, le=65535,
-                                          validation_alias=AliasChoices("kv_bootstrap_port", "bootstrap_port"))
+    # Not the bootstrap service (bootstrap_url).
+    kv_bootstrap_host: str | None = None
+    kv_bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     # The model's vocabulary size and context length: token ids in requests are checked against them (discovered
     # workers register theirs; without vocab_size, requests given as token ids are refused).
     vocab_size: int | None = Field(default=None, ge=1)
     context_length: int | None = Field(default=None, ge=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _deprecated_names(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for old in ("bootstrap_host", "bootstrap_port"):
-                if old in data:
-                    logging.getLogger("pdcluster.router").warning(
-                        f"static worker {data.get('url')}: {old} is deprecated; use kv_{old} (it names the SGLang KV "
-                        f"bootstrap server, not the bootstrap service)")
-        return data
 
     @field_validator("url")
     @classmethod

@@ -175,5 +175,5 @@ def test_read_only_directory_still_serves_stored_pages_and_every_answer(pc, refe
     reason = "Read-only file system" if ROOT else "Permission denied"
     errors = errors_logged(pc, offset, reason)
     # Visible in the prefill's log. SGLang logs one error per request whose pages it could not write (it stops at a
-    # request's first failed page), not once in all: 3 new prompts, 3 errors (see README, KV persistence).
+    # request's first failed page), not once in all: 3 new prompts, 3 errors (see docs/kv-persistence.md).
     assert 1 <= len(errors) <= 3, errors

@@ -1,5 +1,8 @@
 from itertools import pairwise
 
+import pytest
+from pydantic import ValidationError
+
 from pdcluster.protocol import Role
 from router.config import RouterConfig
 from router.pd_fields import add_pd_fields, new_rid
@@ -47,12 +50,16 @@ def test_rooms_differ_between_requests():
     assert len({b["bootstrap_room"] for b in bodies}) == 100
 
 
-def test_a_static_prefills_kv_bootstrap_server_is_what_sglang_gets_and_the_old_names_still_work():
-    for spec in ({"url": "http://10.0.0.1:30000", "kv_bootstrap_host": "10.0.0.9", "kv_bootstrap_port": 8999},
-                 {"url": "http://10.0.0.1:30000", "bootstrap_host": "10.0.0.9", "bootstrap_port": 8999}):  # deprecated
-        config = RouterConfig(bootstrap_url=None, prefill=[spec])
-        prefill = Worker.from_static(Role.PREFILL, config.prefill[0], 0)
-        body = {"text": "hi"}
-        add_pd_fields(body, prefill, None)
-        assert (body["bootstrap_host"], body["bootstrap_port"]) == ("10.0.0.9", 8999)
+def test_a_static_prefills_kv_bootstrap_server_is_what_sglang_gets():
+    spec = {"url": "http://10.0.0.1:30000", "kv_bootstrap_host": "10.0.0.9", "kv_bootstrap_port": 8999}
+    config = RouterConfig(bootstrap_url=None, prefill=[spec])
+    prefill = Worker.from_static(Role.PREFILL, config.prefill[0], 0)
+    body = {"text": "hi"}
+    add_pd_fields(body, prefill, None)
+    assert (body["bootstrap_host"], body["bootstrap_port"]) == ("10.0.0.9", 8999)
     assert RouterConfig(prefill=[{"url": "http://h:1", "kv_bootstrap_port": 8999}]).prefill[0].kv_bootstrap_host is None
+
+
+def test_the_old_static_worker_names_are_refused():
+    with pytest.raises(ValidationError, match="bootstrap_port"):
+        RouterConfig(bootstrap_url=None, prefill=[{"url": "http://10.0.0.1:30000", "bootstrap_port": 8999}])

@@ -80,9 +80,9 @@ def test_values_schema_follows_the_config_models():
         set(BootstrapConfig.model_fields) - {"token"})
     assert set(props["router"]["properties"]["config"]["properties"]) == (
         set(RouterConfig.model_fields) - {"api_key", "bootstrap_token"})
-    for role in ("prefill", "decode"):  # static workers, with the deprecated names still accepted
+    for role in ("prefill", "decode"):  # static workers
         static = props["router"]["properties"]["config"]["properties"][role]["items"]["properties"]
-        assert set(static) == set(StaticWorker.model_fields) | {"bootstrap_host", "bootstrap_port"}
+        assert set(static) == set(StaticWorker.model_fields)
     assert set(definitions["workerConfig"]["properties"]["cluster"]["properties"]) == (
         set(ClusterSettings.model_fields) - {"token", "advertise_host", "worker_id"})
     assert set(kv_object["properties"]) == set(KVStoreSettings.model_fields)
