@@ -40,6 +40,7 @@ CONFIGS = {
     "slice_1MiB": ({"MC_TCP_SLICE_SIZE": str(1 << 20)}, 0),
     "queue_8192": ({"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "8192"}, 0),
     "batch_16_pages": ({}, 16),
+    "default_again": ({}, 0),  # the A/A twin of "default", last: how far two identical runs differ (the noise)
 }
 
 
@@ -89,7 +90,13 @@ def derive(configs: dict) -> dict:
               for n, r in configs.items() for c in r["cells"] if "error" in c["mooncake"]]
     unverified = [f"{n}/{c['layout']}/{c['tokens']}/{t}" for n, r in configs.items() for c in r["cells"]
                   for t in ("mooncake", "socket") if "median_s" in c[t] and not c[t]["verified"]]
-    return {"ratio_at_target_tokens": at_target, "best_at_target": best, "verdicts": verdicts,
+    twin = {}
+    if "default" in configs and "default_again" in configs:
+        for a, b in zip(configs["default"]["cells"], configs["default_again"]["cells"]):
+            if a["ratio_mooncake_over_socket"] and b["ratio_mooncake_over_socket"]:
+                twin[f"{a['layout']}/{a['tokens']}"] = round(b["ratio_mooncake_over_socket"]
+                                                             / a["ratio_mooncake_over_socket"], 3)
+    return {"ratio_at_target_tokens": at_target, "aa_twin_ratio_of_ratios": twin, "best_at_target": best, "verdicts": verdicts,
             "mooncake_failures": failed, "unverified_landings": unverified}
 
 
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--layouts", nargs="+", default=["contiguous", "scattered"])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--repeats", type=int, default=10, help="steady-state runs per cell, after one warm-up")
+    parser.add_argument("--repeats", type=int, default=8, help="steady-state runs per cell, after one warm-up")
     parser.add_argument("--timeout", type=float, default=240, help="per configuration")
     parser.add_argument("--out", default=str(RESULTS / "kv-handoff.json"))
     args = parser.parse_args(argv)

@@ -34,16 +34,17 @@ def draw(result: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("prompt tokens (SmolLM2-135M, 45 KiB/token)")
     ax.set_ylabel("hand-off time, ms (median; band to p90)")
-    ax.set_title("one prompt's KV, prefill -> decode (default knobs)")
+    ax.set_title("one prompt's KV, prefill -> decode (default knobs)\n"
+                 "(Mooncake fails a batch of > 2048 transfers: no point)", fontsize=10)
     ax.legend(fontsize=8)
 
     ax = axes[1]
-    for name, res in configs.items():
+    for k, (name, res) in enumerate(configs.items()):
         for layout, style in zip(layouts, ("-", ":")):
             cells = [c for c in res["cells"] if c["layout"] == layout]
             ratios = [c["ratio_mooncake_over_socket"] or float("nan") for c in cells]
-            ax.plot([c["tokens"] for c in cells], ratios, style,
-                    marker="o", label=f"{name}, {layout}")
+            ax.plot([c["tokens"] for c in cells], ratios, style, color=f"C{k}",
+                    marker="o" if style == "-" else "s", label=f"{name}, {layout}")
     ax.axhline(2.0, color="red", lw=1, ls="--", label="target at 4k: <= 2x")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("prompt tokens")
