@@ -81,7 +81,7 @@ bench-persistence:
 	$(foreach m,$(or $(BENCH_MODEL),llama-small smollm2),flock /tmp/pdcluster-cluster.lock $(PY) -m bench.persistence --shape $(m) &&) true
 
 # One prompt's KV (1k-8k tokens of SmolLM2-135M) moved prefill -> decode through Mooncake's TCP transport as SGLang's
-# connector sends it, against a loopback socket moving the same bytes, with Mooncake's knobs (~5 min, no SGLang):
+# connector sends it, against a loopback socket moving the same bytes, with Mooncake's knobs (~2-3 min, no SGLang):
 # bench/results/kv-handoff.json and .png.
 bench-kv-handoff:
 	$(PY) -m bench.kv_handoff
