@@ -9,7 +9,7 @@ MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle chaos \
-	bench-persistence clean
+	bench-persistence bench-kv-handoff clean
 
 setup: system-packages venv model
 
@@ -89,6 +89,12 @@ chaos:
 # BENCH_MODEL=<shape or smollm2>: that one only (8b-balance: persistence.json).
 bench-persistence:
 	$(foreach m,$(or $(BENCH_MODEL),llama-small smollm2),flock /tmp/pdcluster-cluster.lock $(PY) -m bench.persistence --shape $(m) &&) true
+
+# One prompt's KV (1k-8k tokens of SmolLM2-135M) moved prefill -> decode through Mooncake's TCP transport as SGLang's
+# connector sends it, against a loopback socket moving the same bytes, with Mooncake's knobs (~2-3 min, no SGLang):
+# bench/results/kv-handoff.json and .png.
+bench-kv-handoff:
+	$(PY) -m bench.kv_handoff
 
 clean:
 	rm -rf $(VENV) models *.egg-info
