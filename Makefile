@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
 
-.PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle chaos \
+.PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd chaos \
 	bench-persistence bench-kv-handoff clean
 
 setup: system-packages venv model
@@ -68,6 +68,11 @@ bench:
 # (QUICK=1: an ~8 min check of the harness; BENCH_MODEL=smollm2: on SmolLM2-135M-Instruct, cluster-smollm2.json).
 bench-cluster:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL))
+
+# Where PD pays (issue 25): streams' ITL while long prompts arrive, PD pinned to a core per worker vs one colocated
+# server, on SmolLM2 (~22 min): bench/results/pd.json and .png (QUICK=1: a ~5 min check of the harness).
+bench-pd:
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.pd $(if $(QUICK),--quick)
 
 # The idle CPU of the `make up` shape for 2 minutes, per process (~4 min): bench/results/idle.json and .png.
 bench-idle:

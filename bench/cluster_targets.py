@@ -61,15 +61,18 @@ def worker_config(role: str, sleep_on_idle: bool, out_dir: Path) -> str:
     return str(path)
 
 
-def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir: Path) -> LocalCluster:
+def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir: Path,
+                  extra_args: dict[str, list[str]] | None = None) -> LocalCluster:
+    """`extra_args`: worker options per role over the model's (e.g. bench.pd: {"prefill": ["--cluster", "cpus=0"]})."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    extra = extra_args or {}
     spec = LocalSpec(
         bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=PORTS["bootstrap"]),
         router=ComponentSpec(config="configs/router.yaml", port=PORTS["router"]),
-        prefill=WorkerGroupSpec(config=worker_config("prefill", sleep_on_idle, log_dir), args=model.worker_args,
+        prefill=WorkerGroupSpec(config=worker_config("prefill", sleep_on_idle, log_dir), args=[*model.worker_args, *extra.get("prefill", [])],
                                 count=prefills, first_port=PORTS["prefill"],
                                 first_kv_bootstrap_port=PORTS["kv_bootstrap"]),
-        decode=WorkerGroupSpec(config=worker_config("decode", sleep_on_idle, log_dir), args=model.worker_args,
+        decode=WorkerGroupSpec(config=worker_config("decode", sleep_on_idle, log_dir), args=[*model.worker_args, *extra.get("decode", [])],
                                count=1, first_port=PORTS["decode"]),
         ready_timeout=900,
     )
@@ -100,8 +103,9 @@ def colocated_command(model: BenchModel, port: int, sleep_on_idle: bool) -> tupl
     return argv, {**plan.COMMON_ENV, **plan.CPU_ENV, "PYTHONPATH": shim}
 
 
-def start_colocated(model: BenchModel, log_dir: Path, sleep_on_idle: bool) -> procs.Proc:
+def start_colocated(model: BenchModel, log_dir: Path, sleep_on_idle: bool, extra_args: list[str] = ()) -> procs.Proc:
     argv, env = colocated_command(model, PORTS["colocated"], sleep_on_idle)
+    argv += list(extra_args)
     return procs.start("colocated", argv, log_dir, PORTS["colocated"], env=env)
 
 
