@@ -69,10 +69,12 @@ def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir
     spec = LocalSpec(
         bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=PORTS["bootstrap"]),
         router=ComponentSpec(config="configs/router.yaml", port=PORTS["router"]),
-        prefill=WorkerGroupSpec(config=worker_config("prefill", sleep_on_idle, log_dir), args=[*model.worker_args, *extra.get("prefill", [])],
+        prefill=WorkerGroupSpec(config=worker_config("prefill", sleep_on_idle, log_dir),
+                                args=[*model.worker_args, *extra.get("prefill", [])],
                                 count=prefills, first_port=PORTS["prefill"],
                                 first_kv_bootstrap_port=PORTS["kv_bootstrap"]),
-        decode=WorkerGroupSpec(config=worker_config("decode", sleep_on_idle, log_dir), args=[*model.worker_args, *extra.get("decode", [])],
+        decode=WorkerGroupSpec(config=worker_config("decode", sleep_on_idle, log_dir),
+                               args=[*model.worker_args, *extra.get("decode", [])],
                                count=1, first_port=PORTS["decode"]),
         ready_timeout=900,
     )

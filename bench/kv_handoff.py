@@ -92,11 +92,12 @@ def derive(configs: dict) -> dict:
                   for t in ("mooncake", "socket") if "median_s" in c[t] and not c[t]["verified"]]
     twin = {}
     if "default" in configs and "default_again" in configs:
-        for a, b in zip(configs["default"]["cells"], configs["default_again"]["cells"]):
+        for a, b in zip(configs["default"]["cells"], configs["default_again"]["cells"], strict=True):
             if a["ratio_mooncake_over_socket"] and b["ratio_mooncake_over_socket"]:
                 twin[f"{a['layout']}/{a['tokens']}"] = round(b["ratio_mooncake_over_socket"]
                                                              / a["ratio_mooncake_over_socket"], 3)
-    return {"ratio_at_target_tokens": at_target, "aa_twin_ratio_of_ratios": twin, "best_at_target": best, "verdicts": verdicts,
+    return {"ratio_at_target_tokens": at_target, "aa_twin_ratio_of_ratios": twin, "best_at_target": best,
+            "verdicts": verdicts,
             "mooncake_failures": failed, "unverified_landings": unverified}
 
 

@@ -148,7 +148,8 @@ def prefill(conn, out, env: dict, tensors: int, nbytes: int, item: int, cells: l
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     result = {"env": env, "max_batch_pages": max_batch_pages, "cells": [],
               "prefill": {"init_s": round(init_s, 4), "register_s": round(register_s, 4), "threads": _threads(),
-                          "tcp_connections_after_first_contact": mc_conns, "first_contact_one_page_s": round(first_s, 5),
+                          "tcp_connections_after_first_contact": mc_conns,
+                          "first_contact_one_page_s": round(first_s, 5),
                           "one_page_steady_median_s": round(statistics.median(page_runs), 6)},
               "decode": {k: peer[k] for k in ("init_s", "register_s", "threads")}}
     for spec in cells:

@@ -49,7 +49,7 @@ def group_contiguous(src: list[int], dst: list[int]) -> list[tuple[int, int, int
     if len(src) != len(dst):
         raise ValueError("src and dst page lists differ in length")
     runs: list[tuple[int, int, int]] = []
-    for s, d in zip(src, dst):
+    for s, d in zip(src, dst, strict=True):
         if runs and s == runs[-1][0] + runs[-1][2] and d == runs[-1][1] + runs[-1][2]:
             runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
         else:
@@ -62,7 +62,7 @@ def transfer_blocks(src_ptrs: list[int], dst_ptrs: list[int], item_len: int,
     """(src address, dst address, length) for every tensor (in the order given) and every run, as
     _send_kvcache_generic's set_transfer_blocks builds them."""
     return [(sp + s * item_len, dp + d * item_len, n * item_len)
-            for sp, dp in zip(src_ptrs, dst_ptrs) for s, d, n in runs]
+            for sp, dp in zip(src_ptrs, dst_ptrs, strict=True) for s, d, n in runs]
 
 
 def page_indices(pages: int, pool_pages: int, layout: str, seed: int = 0) -> tuple[list[int], list[int]]:

@@ -22,7 +22,7 @@ def draw(result: dict, path: Path) -> None:
     layouts = sorted({c["layout"] for c in base["cells"]})
 
     ax = axes[0]
-    for layout, mark in zip(layouts, "os^"):
+    for layout, mark in zip(layouts, "os^", strict=False):
         cells = [c for c in base["cells"] if c["layout"] == layout]
         tokens = [c["tokens"] for c in cells]
         for transport, style in (("mooncake", "-"), ("socket", "--")):
@@ -40,7 +40,7 @@ def draw(result: dict, path: Path) -> None:
 
     ax = axes[1]
     for k, (name, res) in enumerate(configs.items()):
-        for layout, style in zip(layouts, ("-", ":")):
+        for layout, style in zip(layouts, ("-", ":"), strict=False):
             cells = [c for c in res["cells"] if c["layout"] == layout]
             ratios = [c["ratio_mooncake_over_socket"] or float("nan") for c in cells]
             ax.plot([c["tokens"] for c in cells], ratios, style, color=f"C{k}",
@@ -69,7 +69,7 @@ def draw(result: dict, path: Path) -> None:
     for i, part in enumerate(parts):
         widths = [b[i] * 1e3 for b in bars]
         ax.barh(names, widths, left=left, label=part)
-        left = [x + w for x, w in zip(left, widths)]
+        left = [x + w for x, w in zip(left, widths, strict=True)]
     socket = [_ms(c, "socket") for res in configs.values() for c in res["cells"]
               if c["tokens"] == target]
     ax.scatter(socket, names, color="black", marker="|", s=300, zorder=3, label="socket copy (median)")

@@ -143,7 +143,7 @@ def run_model(args, name: str, log) -> dict:
     cells = []
     try:
         server_info = {} if args.dry_run else httpx.get(f"{modes['colocated'][0]}/server_info", timeout=10).json()
-        for mode, target in modes.items():  # unrecorded: the first load on a server is slower
+        for target in modes.values():  # unrecorded: the first load on a server is slower
             asyncio.run(pd_load.run_cell(target[0], args.shape, 2 * args.warmup, args.warmup, 0.0, args.drain, seed=7))
         for repeat in range(args.repeats):
             order = list(modes) if repeat % 2 == 0 else list(reversed(modes))
