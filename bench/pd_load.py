@@ -143,8 +143,9 @@ def summarize(records: list[Record], t0: float, t1: float) -> dict:
     streams = [r for r in records if r.kind == "stream"]
     longs = [r for r in records if r.kind == "long" and t0 <= r.started < t1]
     itl = [g for r in streams for t, g in r.gaps() if t0 <= t < t1]
-    tokens = sum(n1 - n0 for r in records for (_, n0), (t, n1) in zip([(0, 0), *r.chunks], r.chunks, strict=False) if t0 <= t < t1)
-    chunk_tokens = [n1 - n0 for r in streams for (_, n0), (_, n1) in zip(r.chunks, r.chunks[1:])]
+    tokens = sum(n1 - n0 for r in records
+                 for (_, n0), (t, n1) in zip([(0, 0), *r.chunks], r.chunks, strict=False) if t0 <= t < t1)
+    chunk_tokens = [n1 - n0 for r in streams for (_, n0), (_, n1) in zip(r.chunks, r.chunks[1:], strict=False)]
     done = [r for r in streams if not r.error and r.ended is not None and t0 <= r.ended < t1]
     ttft_short = [r.first - r.started for r in streams if t0 <= r.started < t1 and r.first is not None]
     ttft_long = [r.first - r.started for r in longs if r.first is not None]

@@ -20,7 +20,8 @@ KEYS = {"itl_p50": ("itl_ms", "p50"), "itl_p99": ("itl_ms", "p99"), "itl_max": (
         "ttft_long_p50": ("ttft_long_ms", "p50"), "ttft_long_p99": ("ttft_long_ms", "p99"),
         "tokens_per_s": ("output_tokens_per_s", None), "goodput": ("goodput_streams_per_s", None)}
 TARGET_PERIOD = 6.0
-CONTENDED = 0.3  # cores the rest of the machine used during a cell: above it, the cell was not alone  # the targets: a 2000-token prompt every 6 s
+# cores the rest of the machine used during a cell: above it, the cell was not alone
+CONTENDED = 0.3
 
 
 def _get(cell: dict, key: str) -> float | None:
@@ -48,7 +49,8 @@ def derive(cells: list[dict]) -> dict:
     summary, ratios = {}, {}
     for period in periods:
         for mode in MODES:
-            mine = sorted((c for c in cells if c["mode"] == mode and c["period_s"] == period), key=lambda c: c["repeat"])
+            mine = sorted((c for c in cells if c["mode"] == mode and c["period_s"] == period),
+                          key=lambda c: c["repeat"])
             row = {}
             for key in KEYS:
                 values = [_get(c, key) for c in mine]
@@ -60,7 +62,8 @@ def derive(cells: list[dict]) -> dict:
         pairs = {}
         for key in KEYS:
             col, pd = summary[f"colocated/{_label(period)}"][key], summary[f"pd/{_label(period)}"][key]
-            paired = [round(p / c, 3) for p, c in zip(pd["repeats"], col["repeats"]) if p is not None and c]
+            paired = [round(p / c, 3) for p, c in zip(pd["repeats"], col["repeats"], strict=False)
+                      if p is not None and c]
             pairs[key] = {"ratio": round(pd["median"] / col["median"], 3) if pd["median"] and col["median"] else None,
                           "paired": paired, "min": min(paired, default=None), "max": max(paired, default=None)}
         ratios[_label(period)] = pairs
@@ -71,7 +74,7 @@ def derive(cells: list[dict]) -> dict:
         col, pd = (summary[f"{m}/{_label(TARGET_PERIOD)}"]["goodput"]["repeats"] for m in MODES)
         verdicts["PD goodput > colocated's, a long prompt every 6 s"] = {  # a ratio has no meaning over 0
             "pd": pd, "colocated": col, "target": "higher in every repeat",
-            "pass": bool(pd) and all(p is not None and c is not None and p > c for p, c in zip(pd, col))}
+            "pass": bool(pd) and all(p is not None and c is not None and p > c for p, c in zip(pd, col, strict=False))}
     for label, pairs in ratios.items():
         verdicts[f"PD short-prompt TTFT p50 <= 1.5x colocated, long prompts {label}"] = _verdict(
             pairs["ttft_short_p50"], 1.5, "<=")
@@ -128,11 +131,11 @@ def draw(result: dict, path: Path) -> None:
     panels = (("ITL p99 of the streams (ms)", ("itl_p99",), True),
               ("TTFT p50 (ms): short o, long x", ("ttft_short_p50", "ttft_long_p50"), True),
               ("goodput: streams/s within the ITL SLO", ("goodput",), False))
-    for axrow, name in zip(axes, names):
+    for axrow, name in zip(axes, names, strict=False):
         run = result["models"][name]
-        for ax, (title, keys, log) in zip(axrow, panels):
-            for mode, color in zip(MODES, ("tab:red", "tab:blue")):
-                for key, marker in zip(keys, "ox"):
+        for ax, (title, keys, log) in zip(axrow, panels, strict=False):
+            for mode, color in zip(MODES, ("tab:red", "tab:blue"), strict=False):
+                for key, marker in zip(keys, "ox", strict=False):
                     cells = [c for c in run["cells"] if c["mode"] == mode]
                     xs = sorted({60 / c["period_s"] if c["period_s"] else 0 for c in cells})
                     meds = [run["derived"]["summary"][f"{mode}/{_label(60 / x if x else None)}"][key]["median"]
