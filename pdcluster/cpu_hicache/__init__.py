@@ -16,22 +16,13 @@ An internal missing or changed stops the process at plugin load with a message n
 
 from __future__ import annotations
 
-import logging
-import os
+from pdcluster import sglang_plugin
 
 ENV_VAR = "PDCLUSTER_CPU_HICACHE"
-logger = logging.getLogger(__name__)
 
 
 def active() -> bool:
-    if os.environ.get(ENV_VAR) != "1":
-        return False
-    import torch
-
-    if torch.cuda.is_available():
-        logger.info("%s=1 ignored: torch sees a CUDA device, SGLang's own HiCache kernels are used", ENV_VAR)
-        return False
-    return True
+    return sglang_plugin.active(ENV_VAR, on_cuda="HiCache kernels")
 
 
 def register() -> None:
@@ -40,11 +31,4 @@ def register() -> None:
         return
     from pdcluster.cpu_hicache import internals
 
-    try:
-        patched = internals.apply()
-    except internals.IncompatibleSGLang as exc:
-        # load_plugins() logs and swallows an Exception from a plugin; starting anyway would fail later and less
-        # clearly, so leave as SystemExit, which it does not catch.
-        raise SystemExit(str(exc)) from None
-    if patched:
-        logger.warning("pdcluster cpu_hicache active (no CUDA): patched %s", ", ".join(patched))
+    sglang_plugin.apply("cpu_hicache", internals.apply, internals.IncompatibleSGLang)

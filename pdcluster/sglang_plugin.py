@@ -1,0 +1,36 @@
+"""What pdcluster's SGLang plugins (pdcluster/cpu_hicache, pdcluster/cpu_attention) share: when one is on, and how it
+refuses to start. SGLang's load_plugins() calls each plugin's register() in the launcher and in every
+scheduler/detokenizer process; a plugin acts only when its variable is 1 and torch sees no CUDA device."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+
+def active(env_var: str, on_cuda: str) -> bool:
+    """Whether the plugin behind `env_var` should adapt SGLang here (`on_cuda`: what SGLang uses instead, logged)."""
+    if os.environ.get(env_var) != "1":
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        logger.info("%s=1 ignored: torch sees a CUDA device, SGLang's own %s are used", env_var, on_cuda)
+        return False
+    return True
+
+
+def apply(name: str, patch: Callable[[], list[str]], incompatible: type[Exception]) -> None:
+    """Run a plugin's `patch` (it checks every internal it adapts first and raises `incompatible` naming what
+    changed). load_plugins() logs and swallows an Exception from a plugin, and SGLang would then start without the
+    adaptation the config asked for (failing later and less clearly): so it leaves as SystemExit, which it does not
+    catch."""
+    try:
+        patched = patch()
+    except incompatible as exc:
+        raise SystemExit(str(exc)) from None
+    if patched:
+        logger.warning("pdcluster %s active (no CUDA): patched %s", name, ", ".join(patched))
