@@ -4,9 +4,12 @@ scheduler/detokenizer process; a plugin acts only when its variable is 1 and tor
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Callable
+from types import ModuleType
+from typing import NoReturn
 
 logger = logging.getLogger(__name__)
 
@@ -34,3 +37,22 @@ def apply(name: str, patch: Callable[[], list[str]], incompatible: type[Exceptio
         raise SystemExit(str(exc)) from None
     if patched:
         logger.warning("pdcluster %s active (no CUDA): patched %s", name, ", ".join(patched))
+
+
+class IncompatibleSGLang(RuntimeError):
+    """An SGLang internal a plugin adapts is missing or has changed: the plugin refuses to start."""
+
+
+def sglang_version() -> str:
+    try:
+        return getattr(importlib.import_module("sglang"), "__version__", "unknown")
+    except ImportError:
+        return "unknown"
+
+
+def import_module(name: str, fail: Callable[[str], NoReturn]) -> ModuleType:
+    """SGLang's module `name`, or the plugin's own `fail` naming it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        fail(f"module {name} does not import ({exc})")

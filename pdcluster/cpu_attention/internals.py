@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import importlib
 import inspect
 import logging
 import textwrap
@@ -20,6 +19,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from pdcluster.cpu_attention import ops
+from pdcluster.sglang_plugin import IncompatibleSGLang, import_module, sglang_version
 
 BACKEND = "sglang.srt.layers.attention.torch_native_backend"
 CLASS, METHOD, CALLER = "TorchNativeAttnBackend", "_run_sdpa_forward_extend", "forward_extend"
@@ -36,29 +36,15 @@ _undo: list[tuple[Any, str, Any]] = []
 logger = logging.getLogger(__name__)
 
 
-class IncompatibleSGLang(RuntimeError):
-    pass
-
-
-def _sglang_version() -> str:
-    try:
-        return getattr(importlib.import_module("sglang"), "__version__", "unknown")
-    except ImportError:
-        return "unknown"
-
-
 def _fail(what: str) -> NoReturn:
     raise IncompatibleSGLang(
-        f"pdcluster cpu_attention (PDCLUSTER_CPU_ATTENTION=1) cannot adapt SGLang {_sglang_version()}: {what}. It "
+        f"pdcluster cpu_attention (PDCLUSTER_CPU_ATTENTION=1) cannot adapt SGLang {sglang_version()}: {what}. It "
         f"was written for SGLang {WRITTEN_FOR}; re-check pdcluster/cpu_attention against this version, or turn it off "
         "(cluster.cpu_attention: false) to run SGLang's own CPU attention")
 
 
 def _module(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        _fail(f"module {name} does not import ({exc})")
+    return import_module(name, _fail)
 
 
 def fingerprint(fn: Any) -> str:

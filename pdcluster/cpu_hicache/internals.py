@@ -7,12 +7,12 @@ stops the server at start with that name instead of failing at the first transfe
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from types import ModuleType
 from typing import Any, NoReturn
 
 from pdcluster.cpu_hicache import ops
+from pdcluster.sglang_plugin import IncompatibleSGLang, import_module, sglang_version
 
 BASE, MHA, CONTROLLER = ("sglang.srt.mem_cache.pool_host.base", "sglang.srt.mem_cache.pool_host.mha",
                          "sglang.srt.managers.cache_controller")
@@ -29,29 +29,15 @@ _MISSING = object()
 _undo: list[tuple[Any, str, Any]] = []
 
 
-class IncompatibleSGLang(RuntimeError):
-    pass
-
-
-def _sglang_version() -> str:
-    try:
-        return getattr(importlib.import_module("sglang"), "__version__", "unknown")
-    except ImportError:
-        return "unknown"
-
-
 def _fail(what: str) -> NoReturn:
     raise IncompatibleSGLang(
-        f"pdcluster cpu_hicache (PDCLUSTER_CPU_HICACHE=1) cannot adapt SGLang {_sglang_version()}: {what}. It was "
+        f"pdcluster cpu_hicache (PDCLUSTER_CPU_HICACHE=1) cannot adapt SGLang {sglang_version()}: {what}. It was "
         f"written for SGLang {WRITTEN_FOR}; re-check pdcluster/cpu_hicache against this version, or run HiCache on "
         "a GPU")
 
 
 def _module(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        _fail(f"module {name} does not import ({exc})")
+    return import_module(name, _fail)
 
 
 def _attr(owner: Any, name: str, where: str) -> Any:
