@@ -48,7 +48,10 @@ class Admissions:
 
     async def run(self) -> None:
         while True:
-            await self.admit_pending()
+            try:
+                await self.admit_pending()
+            except Exception:  # one canary's surprise must not end every later admission (workers would wait forever)
+                log.exception("admission round failed; trying again")
             await asyncio.sleep(self.interval)
 
     async def admit_pending(self) -> None:
@@ -103,7 +106,7 @@ class Admissions:
             if not isinstance(answer, Answer) or answer.status != 200:
                 raise ValueError(f"status {answer.status}")
             return list(orjson.loads(answer.body)["output_ids"])
-        except (*HALF_ERRORS, ValueError, KeyError, TypeError) as exc:
+        except (*HALF_ERRORS, TimeoutError, ValueError, KeyError, TypeError) as exc:  # a timed-out canary too
             self._retry_at[worker] = time.monotonic() + RETRY_AFTER
             self.metrics.admissions.labels(worker.role.value, "error").inc()
             log.warning("admission canary could not run; trying again", extra={

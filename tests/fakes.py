@@ -40,6 +40,7 @@ class FakeWorker:
     canary_ids: list[int] = field(default_factory=lambda: [1, 2, 3])  # what it answers a router's admission canary
     canaries: int = 0
     canary_failures: int = 0  # answer this many canaries with 503 first
+    canary_stalls: int = 0  # then leave this many unanswered for a minute (a worker stopped mid-canary)
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -63,6 +64,8 @@ class FakeWorker:
                 self.canaries += 1
                 if self.canaries <= self.canary_failures:
                     return JSONResponse({"error": {"message": "fake failure 503"}}, status_code=503)
+                if self.canaries <= self.canary_failures + self.canary_stalls:
+                    await asyncio.sleep(60)
                 return JSONResponse({"text": "canary", "output_ids": self.canary_ids, "meta_info": {"id": body["rid"]}})
             self.received.append(body)
             b = self.behaviour
