@@ -9,8 +9,10 @@ with what an admitted pair of the same model identity answers (the reference, as
 keeps the worker out for the life of that instance, says why in /ready and counts in
 pdcluster_router_admissions_total{result="refused"}; a canary that fails to run (a timeout, a 5xx) is tried again.
 
-Trust has to start somewhere: when no worker of an identity is admitted yet (a cold start, or a router that just
-started), the first pair's canary is the reference and both are admitted; every later worker is checked against it.
+Trust has to start somewhere: when no worker of an identity is admitted (a cold start, a router that just started, or
+every worker of the model restarted at once), the first pair's canary is the reference and both are admitted; every
+later worker is checked against it. A reference lives only while a worker admitted by it does: kept longer, a cluster
+restarted whole on new weights under the same path would wait forever for workers that answer like the old ones.
 Static workers are checked like discovered ones.
 """
 
@@ -45,6 +47,7 @@ class Admissions:
         self.references: dict[str, list[int]] = {}  # identity key -> the reference answer's output ids
         self.settled = asyncio.Event()  # no worker waits for its canary (a starting router serves from then on)
         self._retry_at: dict[Worker, float] = {}
+        self._told: set[Worker] = set()  # pending workers whose wait has been logged once
 
     async def run(self) -> None:
         while True:
@@ -55,6 +58,7 @@ class Admissions:
             await asyncio.sleep(self.interval)
 
     async def admit_pending(self) -> None:
+        self._forget_orphaned_references()
         pending = [w for w in self.pool.workers.values() if w.admission is Admission.PENDING]
         if not pending:
             self.settled.set()
@@ -90,6 +94,18 @@ class Admissions:
                                                     f"workers of the same model answer {reference}")
         else:  # two new workers disagree with the reference: which one is wrong is not known; pair them otherwise
             self._retry_at[worker] = time.monotonic() + RETRY_AFTER
+            if worker not in self._told:
+                self._told.add(worker)
+                log.warning("two new workers answer the canary otherwise than admitted workers of their model; both "
+                            "wait for an admitted partner", extra={"worker": worker.worker_id,
+                                                                    "partner": partner.worker_id})
+
+    def _forget_orphaned_references(self) -> None:
+        admitted = {_identity_key(w) for w in self.pool.workers.values() if w.admission is Admission.ADMITTED}
+        for key in [k for k in self.references if k not in admitted]:
+            del self.references[key]
+            log.info("admission reference forgotten: no worker admitted by it is left", extra={"identity": key})
+        self._told &= set(self.pool.workers.values())
 
     async def _canary(self, worker: Worker, partner: Worker) -> list[int] | None:
         """The canary's output ids through the pair of `worker` and `partner`; None if it could not run."""

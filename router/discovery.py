@@ -45,9 +45,10 @@ async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.
             version = None
             await asyncio.sleep(1.0)
             continue
-        warming_up = listing.warming_up
-        if listing.version != version or warming_up:
-            # A young registry has not heard from every live worker yet: add, but don't drop, until it has.
+        was_warming_up, warming_up = warming_up, listing.warming_up
+        if listing.version != version or warming_up or was_warming_up:
+            # A young registry has not heard from every live worker yet: add, but don't drop, until it has. The first
+            # listing after that drops what went missing meanwhile (its version may not move again for a long time).
             pool.sync_discovered(listing.workers, remove_missing=not warming_up)
         version = listing.version
         if first_listing is not None:

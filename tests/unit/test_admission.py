@@ -4,6 +4,9 @@ the same path and name answers other ids)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 
 from bootstrap.app import create_app as create_bootstrap
@@ -17,8 +20,21 @@ from tests.unit.test_router_pd import metric
 
 
 def register(service: str, worker_id: str, role: str, url: str, instance: str = "1") -> None:
+    """Register a fake worker and heartbeat it, as its launcher would, until it is deregistered: a test may outlive
+    the registry's TTL on a busy machine."""
     body = registration(worker_id, role) | {"url": url, "instance_id": instance}
     assert httpx.put(f"{service}/v1/workers/{worker_id}", json=body).status_code == 200
+    threading.Thread(target=_heartbeats, args=(service, worker_id), daemon=True).start()
+
+
+def _heartbeats(service: str, worker_id: str) -> None:
+    while True:
+        time.sleep(1.0)
+        try:
+            if httpx.post(f"{service}/v1/workers/{worker_id}/heartbeat", json={}, timeout=5).status_code != 200:
+                return  # deregistered
+        except httpx.HTTPError:
+            return  # the service stopped
 
 
 def workers(router: str) -> dict[str, dict]:
@@ -52,6 +68,29 @@ def test_a_worker_with_other_weights_is_kept_out_and_a_good_one_comes_in():
             wrong.canary_ids = [1, 2, 3]
             register(service.url, "d-wrong", "decode", w.url, instance="2")
             assert until(lambda: workers(router.url)["d-wrong"]["admission"] == "admitted")
+
+
+def test_a_model_restarted_whole_on_other_weights_is_admitted_anew_and_checked_against_them():
+    """Every worker of a model gone (stopped together, started on new weights under the same path): no worker admitted
+    by the old reference is left, so the new first pair sets the reference instead of waiting forever to answer like
+    the old weights (seen in e2e: a whole cluster restarted on other weights stayed 'awaiting its admission canary')."""
+    prefill, decode, late = FakeWorker(), FakeWorker(), FakeWorker(canary_ids=[1, 2, 3])
+    with ServerThread(create_bootstrap(BootstrapConfig())) as service, ServerThread(prefill.app()) as p, \
+            ServerThread(decode.app()) as d, ServerThread(late.app()) as old:
+        register(service.url, "p", "prefill", p.url)
+        register(service.url, "d", "decode", d.url)
+        with ServerThread(create_app(RouterConfig(bootstrap_url=service.url, expose_worker_ids=True))) as router:
+            assert httpx.get(f"{router.url}/ready").status_code == 200
+            for worker_id in ("p", "d"):
+                assert httpx.delete(f"{service.url}/v1/workers/{worker_id}").status_code == 200
+            assert until(lambda: workers(router.url) == {}, timeout=30)  # once the registry is past its TTL
+            decode.canary_ids = [9, 9, 9]  # the new weights
+            register(service.url, "p", "prefill", p.url, instance="2")
+            register(service.url, "d", "decode", d.url, instance="2")
+            assert until(lambda: {w["admission"] for w in workers(router.url).values()} == {"admitted"})
+            assert "first pair" in workers(router.url)["d"]["admission_note"]
+            register(service.url, "d-old", "decode", old.url)  # still on the old weights: now the odd one out
+            assert until(lambda: workers(router.url).get("d-old", {}).get("admission") == "refused")
 
 
 def test_a_canary_that_cannot_run_is_tried_again():
