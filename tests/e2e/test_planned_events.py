@@ -35,11 +35,12 @@ def serving(router, wid: str) -> bool:
     return wid in workers and not workers[wid]["unusable"]
 
 
-def test_a_rolling_restart_of_every_worker_under_load_loses_no_request(cluster, router):
-    """Each worker's launcher gets SIGTERM (it deregisters at once, SGLang drains what it has) and is started again
-    at the same host and ports; the next goes once the router serves the previous one again (admitted anew)."""
+def test_a_rolling_restart_under_load_loses_no_request(cluster, router):
+    """A worker's launcher gets SIGTERM (it deregisters at once, SGLang drains what it has) and is started again at
+    the same host and ports; the next goes once the router serves the previous one again (admitted anew). One of each
+    role: the other two would take the same path (and ~3 more minutes of `make test`)."""
     with Load(cluster.router_url) as load:
-        for name in ("prefill-0", "decode-0", "prefill-1", "decode-1"):
+        for name in ("prefill-0", "decode-1"):
             process, wid = cluster.processes[name], worker_id(cluster, name)
             process.signal(signal.SIGTERM)
             process.popen.wait(timeout=120)
@@ -47,30 +48,37 @@ def test_a_rolling_restart_of_every_worker_under_load_loses_no_request(cluster, 
             assert until(lambda wid=wid: serving(router, wid), 300, CLUSTER_POLL), router.get("/ready").json()
         answered_during = load.answers
     assert load.problems == [], load.problems[:5]
-    assert answered_during >= 20
+    assert answered_during >= 10
 
 
 def test_a_router_stopped_mid_stream_finishes_it_and_a_restarted_one_serves_from_its_first_request(cluster):
     process = cluster.processes["router"]
     body = {"text": "A long one", "stream": True,
             "sampling_params": {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}}
-    with httpx.Client(base_url=cluster.router_url, timeout=120) as client, client.stream(
-            "POST", "/generate", json=body) as response:
-        lines = response.iter_lines()
-        events = [next(line for line in lines if line.startswith("data:"))]
-        process.signal(signal.SIGTERM)  # uvicorn takes no new connection and lets this stream finish
-        events += [line for line in lines if line.startswith("data:")]
-    assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["meta_info"]["completion_tokens"] == 300
-    assert process.popen.wait(timeout=60) == 0
-    for stop in (None, signal.SIGKILL):  # started again after a clean stop, then after being killed
-        if stop is not None:
-            process.signal(stop)
-            process.popen.wait(timeout=30)
-        process.start()
-        assert until(lambda: _connects(cluster.router_url), 60, CLUSTER_POLL)
-        answers = [httpx.post(f"{cluster.router_url}/generate", timeout=60, json={
-            "text": "first", "sampling_params": {"max_new_tokens": 4}}) for _ in range(4)]
-        assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    try:
+        with httpx.Client(base_url=cluster.router_url, timeout=120) as client, client.stream(
+                "POST", "/generate", json=body) as response:
+            lines = response.iter_lines()
+            events = [next(line for line in lines if line.startswith("data:"))]
+            process.signal(signal.SIGTERM)  # uvicorn takes no new connection and lets this stream finish
+            events += [line for line in lines if line.startswith("data:")]
+        assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["meta_info"]["completion_tokens"] == 300
+        # A clean stop: uvicorn shuts down, then re-raises the signal it stopped on (so its parent sees why).
+        assert process.popen.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "Application shutdown complete." in process.tail(5)
+        for stop in (None, signal.SIGKILL):  # started again after a clean stop, then after being killed
+            if stop is not None:
+                process.signal(stop)
+                process.popen.wait(timeout=30)
+            process.start()
+            assert until(lambda: _connects(cluster.router_url), 60, CLUSTER_POLL)
+            answers = [httpx.post(f"{cluster.router_url}/generate", timeout=60, json={
+                "text": "first", "sampling_params": {"max_new_tokens": 4}}) for _ in range(4)]
+            assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    finally:  # the later tests share this router
+        if not process.running:
+            process.start()
+            until(lambda: _connects(cluster.router_url), 60, CLUSTER_POLL)
 
 
 def _connects(url: str) -> bool:
