@@ -25,6 +25,7 @@ from pathlib import Path
 from bench import report
 from bench.kv_handoff_peers import decode, prefill
 from bench.kv_handoff_plan import PAGE_TOKENS, kv_bytes_per_token, load_shape, page_item_bytes
+from pdcluster.worker.plan import MOONCAKE_TCP_ENV
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
@@ -40,6 +41,7 @@ CONFIGS = {
     "slice_1MiB": ({"MC_TCP_SLICE_SIZE": str(1 << 20)}, 0),
     "queue_8192": ({"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "8192"}, 0),
     "batch_16_pages": ({}, 16),
+    "pdcluster": (dict(MOONCAKE_TCP_ENV), 0),  # what pdcluster's workers get on mooncake_tcp (pdcluster/worker/plan.py)
     "default_again": ({}, 0),  # the A/A twin of "default", last: how far two identical runs differ (the noise)
 }
 

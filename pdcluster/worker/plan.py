@@ -84,6 +84,11 @@ TASKSET = "taskset"  # util-linux: on every Linux host and in the images
 THREADS_ENV = "OMP_NUM_THREADS"  # cluster.cpus: torch's intra-op threads, one per core the worker is given
 SETTING_DECIDES = ("PYTHONPATH", CPU_ATTENTION_ENV, THREADS_ENV)
 COMMON_ENV = {"MC_LOG_LEVEL": "ERROR", "SGLANG_HEALTH_CHECK_TIMEOUT": "600"}
+# Mooncake's TCP transport rejects a whole batch (the hand-off fails, nothing retried) once more than 1024 queued +
+# 1024 pending transfers wait for one peer; SGLang sends one transfer per run of pages per KV tensor, so a 2.2k-token
+# SmolLM2 prompt on scattered pages (a churned decode pool) already fails. A queued transfer is a small descriptor:
+# room for 8k scattered tokens of SmolLM2 several times over (bench/README.md, "KV hand-off").
+MOONCAKE_TCP_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "65536"}
 
 # cluster.kv_store: SGLang HiCache with its file storage, set so that KV really persists (pdcluster/kvstore/). What
 # each role sets for it is its KV_STORE_FLAGS; what both share is here.
@@ -161,7 +166,8 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     advertise = checks.advertise_address(ns.host, cluster.advertise_host)
     kv_bootstrap_port = rules.kv_bootstrap_port(options, ns, cluster)
 
-    env_added = {**COMMON_ENV, **cluster.env}
+    env_added = {**COMMON_ENV, **(MOONCAKE_TCP_ENV if ns.disaggregation_transfer_backend == "mooncake_tcp" else {}),
+                 **cluster.env}
     env_added["SGLANG_HOST_IP"] = advertise  # Mooncake and SGLang's ZMQ endpoints bind/announce this address
     if cpu:
         env_added.update(CPU_ENV | rules.CPU_ENV)

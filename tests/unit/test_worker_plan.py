@@ -67,6 +67,19 @@ def test_decode_cpu_profile_and_gpu_gets_none_of_it(tmp_path, model_dir):
 
 
 @pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
+def test_mooncake_tcp_gets_room_for_scattered_pages_and_an_export_still_wins(tmp_path, model_dir, role):
+    """Mooncake's TCP transport rejects a hand-off of more than ~2k transfers per peer (a long prompt on scattered
+    pages): on mooncake_tcp both roles raise the queue. RDMA (`mooncake`, the GPU default) has no such queue."""
+    cpu = plan(tmp_path, model_dir, role=role)
+    assert cpu.env["MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"] == "65536"
+    gpu = plan(tmp_path, model_dir, role=role, device="cuda")
+    assert "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER" not in gpu.env_added
+    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
+    exported = build_plan(RULES[role], config, [], env={"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "4096"})
+    assert exported.env["MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"] == "4096"
+
+
+@pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
 def test_cpu_attention_on_by_default_off_by_setting_never_on_gpu(tmp_path, model_dir, role):
     config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
     assert build_plan(RULES[role], config, [], env={}).env_added["PDCLUSTER_CPU_ATTENTION"] == "1"
