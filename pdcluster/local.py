@@ -28,108 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
 
-from pdcluster.config_file import ConfigError, fail, load_model, load_yaml
+from pdcluster.config_file import ConfigError, fail, load_model
+from pdcluster.local_process import STOP_SIGNALS, Process
+from pdcluster.local_spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from pdcluster.models import model_args
-from pdcluster.restarts import Backoff, RestartPolicy
+from pdcluster.restarts import RestartPolicy
 
-# Signals that mean "stop": a process sent one through Process.signal was asked to go, and is not restarted.
-STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGKILL, signal.SIGQUIT})
-
-
-class ComponentSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    config: str
-    host: str = "127.0.0.1"
-    port: int | None = None  # None: what the component's config says
-
-
-class WorkerGroupSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    config: str
-    # SGLang options over the config file's, for every worker of the group, as on the launcher's command line (e.g.
-    # pdcluster.models.model_args: another model)
-    args: list[str] = Field(default_factory=list)
-    count: int = Field(default=1, ge=0)
-    first_port: int = Field(ge=1024, le=65000)
-    first_kv_bootstrap_port: int = Field(default=8999, ge=1024, le=65000)
-
-
-class LocalSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    bootstrap: ComponentSpec
-    router: ComponentSpec
-    prefill: WorkerGroupSpec
-    decode: WorkerGroupSpec
-    log_dir: str = "logs"
-    ready_timeout: float = 600.0
-
-    def _port(self, component: ComponentSpec, default: int) -> int:
-        if component.port:
-            return component.port
-        return int(load_yaml(component.config).get("port", default))
-
-    @property
-    def bootstrap_url(self) -> str:
-        return f"http://{self.bootstrap.host}:{self._port(self.bootstrap, 8998)}"
-
-    @property
-    def router_url(self) -> str:
-        return f"http://{self.router.host}:{self._port(self.router, 8000)}"
-
-
-@dataclass
-class Process:
-    name: str
-    command: list[str]
-    log_path: Path
-    popen: subprocess.Popen | None = None
-    policy: RestartPolicy = field(default_factory=RestartPolicy)
-    # Asked to stop (signalled through signal(), or held): the supervisor leaves it down until start().
-    held: bool = False
-    restarts: int = 0  # restarts by the supervisor (not by start())
-    backoff: Backoff = field(init=False)
-    restart_at: float | None = None  # when the supervisor starts it again (time.monotonic)
-    exit_seen: bool = False  # the supervisor has dealt with the current popen's exit
-    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
-
-    def __post_init__(self) -> None:
-        self.backoff = Backoff(self.policy)
-
-    def start(self) -> None:
-        """Start it (again), and let the supervisor restart it should it exit on its own. A no-op if it runs."""
-        with self.lock:
-            if not self.running:
-                self._spawn()
-            self.held, self.restart_at = False, None
-
-    def _spawn(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child gets its own copy; ours is closed below
-        log.write(f"\n===== {time.strftime('%H:%M:%S')} {' '.join(self.command)}\n".encode())
-        log.flush()
-        self.popen = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-        log.close()  # the child has its own copy
-        self.exit_seen = False
-        self.backoff.started()
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def signal(self, sig: int) -> None:
-        """Send `sig` to the component's launcher; a stop signal also tells the supervisor to leave it down."""
-        if sig in STOP_SIGNALS:
-            self.held = True
-        if self.popen is not None and self.running:
-            os.kill(self.popen.pid, sig)
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+# The specs and Process live in their own modules; callers (tests, the chaos soak) import them from here too.
+__all__ = ["STOP_SIGNALS", "ComponentSpec", "LocalCluster", "LocalSpec", "Process", "WorkerGroupSpec", "hold_pid",
+           "main"]
 
 
 @dataclass(eq=False)  # hashable: supervising clusters are kept in a WeakSet
