@@ -48,11 +48,15 @@ def test_pinned_prefill_and_decode_serve_streams_and_a_long_prompt_without_stall
 
     for name, core in (("prefill-0", cores[0]), ("decode-0", cores[1])):
         restart_pinned(cluster, router, name, core)
-        tree = sglang_tree(cluster.processes[name].popen.pid)
+        launcher = psutil.Process(cluster.processes[name].popen.pid)
+        tree = sglang_tree(launcher.pid)
         assert tree, f"{name}: no SGLang process under its launcher"
         for process in tree:
             assert process.cpu_affinity() == [core], (name, process.name(), process.cpu_affinity())
-            assert process.environ().get("OMP_NUM_THREADS") == "1", (name, process.name())
+        # SGLang's own children inherit its environment but retitle themselves (setproctitle), which blanks what
+        # /proc shows of it: the environment is read where the launcher started SGLang.
+        [sglang] = launcher.children()
+        assert sglang.environ().get("OMP_NUM_THREADS") == "1", (name, sglang.name(), sglang.cmdline()[:4])
     assert f"prefill-127.0.0.1-{PREFILL_PORT}" in healthy_workers(router)
     assert router.post("/generate", json=body).json()["output_ids"] == unpinned  # same tokens, pinned or not
 
