@@ -10,17 +10,15 @@ workers stay pinned until the suite's cluster stops): tests/conftest.py.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
 import time
 
-import httpx
 import psutil
 
-from tests.e2e.prompts import prompt_of_about
 from tests.e2e_smollm2.conftest import PREFILL_PORT, healthy_workers
+from tests.e2e_smollm2.traffic import long_prompt, stream_story
 from tests.helpers import until
 
 MAX_SILENCE_S = 60.0  # a decode step on one core takes ~0.2 s; a whole 2000-token prefill on the other, ~20 s
@@ -64,33 +62,18 @@ def test_pinned_prefill_and_decode_serve_streams_and_a_long_prompt_without_stall
     silences: list[float] = []
 
     def stream(i: int) -> None:
-        body = {"text": f"Write a long story about the number {i}.", "stream": True,
-                "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
-        last, events = time.monotonic(), []
-        with httpx.Client(base_url=cluster.router_url, timeout=600) as client, client.stream(
-                "POST", "/generate", json=body) as response:
-            for line in response.iter_lines():
-                if line.startswith("data:"):
-                    now = time.monotonic()
-                    silences.append(now - last)
-                    last = now
-                    events.append(line)
-        if response.status_code != 200 or events[-1] != "data: [DONE]" or \
-                json.loads(events[-2].removeprefix("data: "))["meta_info"]["completion_tokens"] != 64:
-            problems.append(f"stream {i}: {response.status_code} {events[-2:]}")
+        if problem := stream_story(cluster.router_url, i, 64, silences):
+            problems.append(problem)
 
-    def long_prompt() -> None:
-        body = {"text": prompt_of_about(reference.tokenizer, 2000), "sampling_params": {"max_new_tokens": 4}}
-        with httpx.Client(base_url=cluster.router_url, timeout=900) as client:
-            response = client.post("/generate", json=body)
-        if response.status_code != 200 or response.json()["meta_info"]["completion_tokens"] != 4:
-            problems.append(f"long prompt: {response.status_code} {response.text[:300]}")
+    def long() -> None:
+        if problem := long_prompt(cluster.router_url, reference.tokenizer, 2000):
+            problems.append(problem)
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
     for thread in threads:
         thread.start()
     time.sleep(2)  # the streams are decoding when the long prompt arrives
-    threads.append(threading.Thread(target=long_prompt))
+    threads.append(threading.Thread(target=long))
     threads[-1].start()
     for thread in threads:
         thread.join(900)
