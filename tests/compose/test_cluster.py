@@ -216,7 +216,8 @@ def test_restarting_one_container_at_a_time_under_load_loses_no_request(project,
             before = {w["worker_id"] for w in serving(listing, role)}
             project.docker("restart", container, timeout=300)
             listing = project.wait_for_workers(2, 2)
-            assert {w["worker_id"] for w in serving(listing, role)} == before  # the same ids, admitted anew
+            after = {w["worker_id"] for w in serving(listing, role)}
+            assert after == before, f"{service} restarted: serving {after}, before {before}"  # admitted anew
     assert load.problems == [], load.problems[:5]
     assert load.answers >= 4
 
