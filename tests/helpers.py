@@ -71,3 +71,20 @@ def give_up(local) -> None:
     local.stop(timeout=60)
     for process in local.processes.values():
         print(f"----- {process.name} -----\n{process.tail(40)}", file=sys.stderr)
+
+
+def assert_plugin_refuses(plugin, internals, monkeypatch, change: str) -> str:
+    """An SGLang plugin of ours (pdcluster/sglang_plugin.py), turned on, whose adapted internal `change` is not what
+    it was written for: register() stops the process naming SGLang's version and the change (SystemExit: SGLang's
+    load_plugins() swallows an Exception), with nothing left patched. Returns the message."""
+    import re
+
+    import pytest
+    import sglang
+
+    monkeypatch.setenv(plugin.ENV_VAR, "1")
+    with pytest.raises(SystemExit, match=rf"cannot adapt SGLang {re.escape(sglang.__version__)}: .*{change}") as exc:
+        plugin.register()
+    assert not isinstance(exc.value, Exception)
+    assert not internals._undo
+    return str(exc.value)
