@@ -86,9 +86,9 @@ SETTING_DECIDES = ("PYTHONPATH", CPU_ATTENTION_ENV, THREADS_ENV)
 COMMON_ENV = {"MC_LOG_LEVEL": "ERROR", "SGLANG_HEALTH_CHECK_TIMEOUT": "600"}
 # Mooncake's TCP transport rejects a whole batch (the hand-off fails, nothing retried) once more than 1024 queued +
 # 1024 pending transfers wait for one peer; SGLang sends one transfer per run of pages per KV tensor, so a 2.2k-token
-# SmolLM2 prompt on scattered pages (a churned decode pool) already fails. A queued transfer is a small descriptor:
-# room for 8k scattered tokens of SmolLM2 several times over (bench/README.md, "KV hand-off").
-MOONCAKE_TCP_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "65536"}
+# SmolLM2 prompt on scattered pages (a churned decode pool) already fails. Measured in bench.kv_handoff: 16384 and
+# 32768 carry an 8k-token SmolLM2 prompt on scattered pages (7680 transfers); 65536 is refused like the default.
+MOONCAKE_TCP_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "32768"}
 
 # cluster.kv_store: SGLang HiCache with its file storage, set so that KV really persists (pdcluster/kvstore/). What
 # each role sets for it is its KV_STORE_FLAGS; what both share is here.

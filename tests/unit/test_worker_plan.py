@@ -71,7 +71,7 @@ def test_mooncake_tcp_gets_room_for_scattered_pages_and_an_export_still_wins(tmp
     """Mooncake's TCP transport rejects a hand-off of more than ~2k transfers per peer (a long prompt on scattered
     pages): on mooncake_tcp both roles raise the queue. RDMA (`mooncake`, the GPU default) has no such queue."""
     cpu = plan(tmp_path, model_dir, role=role)
-    assert cpu.env["MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"] == "65536"
+    assert cpu.env["MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"] == "32768"
     gpu = plan(tmp_path, model_dir, role=role, device="cuda")
     assert "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER" not in gpu.env_added
     config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
