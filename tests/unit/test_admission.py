@@ -4,8 +4,10 @@ the same path and name answers other ids)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 
@@ -37,60 +39,70 @@ def _heartbeats(service: str, worker_id: str) -> None:
             return  # the service stopped
 
 
+@contextlib.contextmanager
+def discovered(fakes: dict[str, FakeWorker], first: dict[str, str],
+               ttl: float = 5.0) -> Iterator[tuple[str, dict[str, str], str]]:
+    """A bootstrap service, each fake served, the `first` of them (name -> role) registered under their names, then a
+    router following the registry (its worker ids exposed). Yields the service's URL, each fake's URL and the
+    router's URL."""
+    with contextlib.ExitStack() as stack:
+        service = stack.enter_context(ServerThread(create_bootstrap(BootstrapConfig(ttl_seconds=ttl)))).url
+        urls = {name: stack.enter_context(ServerThread(fake.app())).url for name, fake in fakes.items()}
+        for name, role in first.items():
+            register(service, name, role, urls[name])
+        router = stack.enter_context(ServerThread(create_app(RouterConfig(bootstrap_url=service,
+                                                                          expose_worker_ids=True))))
+        yield service, urls, router.url
+
+
 def workers(router: str) -> dict[str, dict]:
     return {w["worker_id"]: w for w in httpx.get(f"{router}/ready").json()["workers"]}
 
 
 def test_a_worker_with_other_weights_is_kept_out_and_a_good_one_comes_in():
-    prefill, good, wrong = FakeWorker(), FakeWorker(), FakeWorker(canary_ids=[9, 9, 9])
-    with ServerThread(create_bootstrap(BootstrapConfig())) as service, ServerThread(prefill.app()) as p, \
-            ServerThread(good.app()) as g, ServerThread(wrong.app()) as w:
-        register(service.url, "p", "prefill", p.url)
-        register(service.url, "d-good", "decode", g.url)
-        with ServerThread(create_app(RouterConfig(bootstrap_url=service.url, expose_worker_ids=True))) as router:
-            # The first pair of a model sets the reference: both admitted before the router serves.
-            assert httpx.get(f"{router.url}/ready").status_code == 200
-            admissions = {k: v["admission"] for k, v in workers(router.url).items()}
-            assert admissions == {"p": "admitted", "d-good": "admitted"}
-            register(service.url, "d-wrong", "decode", w.url)  # same identity, other weights
-            assert until(lambda: workers(router.url).get("d-wrong", {}).get("admission") == "refused")
-            refused = workers(router.url)["d-wrong"]
-            assert refused["unusable"].startswith("refused at admission: canary through p answered [9, 9, 9]")
-            served = {httpx.post(f"{router.url}/generate", json={"text": "x"}).headers["x-pdcluster-decode"]
-                      for _ in range(6)}
-            assert served == {"d-good"} and wrong.received == []
-            assert metric(router.url, "pdcluster_router_admissions_total", role="decode", result="refused") == 1
-            # Once per instance: it is not asked again...
-            canaries = wrong.canaries
-            register(service.url, "d-wrong", "decode", w.url)
-            assert not until(lambda: wrong.canaries > canaries, timeout=2)
-            # ... but a restarted instance is: here with the right weights, it comes in.
-            wrong.canary_ids = [1, 2, 3]
-            register(service.url, "d-wrong", "decode", w.url, instance="2")
-            assert until(lambda: workers(router.url)["d-wrong"]["admission"] == "admitted")
+    wrong = FakeWorker(canary_ids=[9, 9, 9])
+    fakes = {"p": FakeWorker(), "d-good": FakeWorker(), "d-wrong": wrong}
+    with discovered(fakes, {"p": "prefill", "d-good": "decode"}) as (service, urls, router):
+        # The first pair of a model sets the reference: both admitted before the router serves.
+        assert httpx.get(f"{router}/ready").status_code == 200
+        admissions = {k: v["admission"] for k, v in workers(router).items()}
+        assert admissions == {"p": "admitted", "d-good": "admitted"}
+        register(service, "d-wrong", "decode", urls["d-wrong"])  # same identity, other weights
+        assert until(lambda: workers(router).get("d-wrong", {}).get("admission") == "refused")
+        refused = workers(router)["d-wrong"]
+        assert refused["unusable"].startswith("refused at admission: canary through p answered [9, 9, 9]")
+        served = {httpx.post(f"{router}/generate", json={"text": "x"}).headers["x-pdcluster-decode"]
+                  for _ in range(6)}
+        assert served == {"d-good"} and wrong.received == []
+        assert metric(router, "pdcluster_router_admissions_total", role="decode", result="refused") == 1
+        # Once per instance: it is not asked again...
+        canaries = wrong.canaries
+        register(service, "d-wrong", "decode", urls["d-wrong"])
+        assert not until(lambda: wrong.canaries > canaries, timeout=2)
+        # ... but a restarted instance is: here with the right weights, it comes in.
+        wrong.canary_ids = [1, 2, 3]
+        register(service, "d-wrong", "decode", urls["d-wrong"], instance="2")
+        assert until(lambda: workers(router)["d-wrong"]["admission"] == "admitted")
 
 
 def test_a_model_restarted_whole_on_other_weights_is_admitted_anew_and_checked_against_them():
     """Every worker of a model gone (stopped together, started on new weights under the same path): no worker admitted
     by the old reference is left, so the new first pair sets the reference instead of waiting forever to answer like
     the old weights (seen in e2e: a whole cluster restarted on other weights stayed 'awaiting its admission canary')."""
-    prefill, decode, late = FakeWorker(), FakeWorker(), FakeWorker(canary_ids=[1, 2, 3])
-    with ServerThread(create_bootstrap(BootstrapConfig())) as service, ServerThread(prefill.app()) as p, \
-            ServerThread(decode.app()) as d, ServerThread(late.app()) as old:
-        register(service.url, "p", "prefill", p.url)
-        register(service.url, "d", "decode", d.url)
-        with ServerThread(create_app(RouterConfig(bootstrap_url=service.url, expose_worker_ids=True))) as router:
-            assert httpx.get(f"{router.url}/ready").status_code == 200
-            for worker_id in ("p", "d"):
-                assert httpx.delete(f"{service.url}/v1/workers/{worker_id}").status_code == 200
-            assert until(lambda: workers(router.url) == {}, timeout=30)  # once the registry is past its TTL
-            decode.canary_ids = [9, 9, 9]  # the new weights
-            register(service.url, "p", "prefill", p.url, instance="2")
-            register(service.url, "d", "decode", d.url, instance="2")
-            assert until(lambda: {w["admission"] for w in workers(router.url).values()} == {"admitted"})
-            assert "first pair" in workers(router.url)["d"]["admission_note"]
-            register(service.url, "d-old", "decode", old.url)  # still on the old weights: now the odd one out
-            assert until(lambda: workers(router.url).get("d-old", {}).get("admission") == "refused")
+    decode = FakeWorker()
+    fakes = {"p": FakeWorker(), "d": decode, "d-old": FakeWorker(canary_ids=[1, 2, 3])}
+    with discovered(fakes, {"p": "prefill", "d": "decode"}) as (service, urls, router):
+        assert httpx.get(f"{router}/ready").status_code == 200
+        for worker_id in ("p", "d"):
+            assert httpx.delete(f"{service}/v1/workers/{worker_id}").status_code == 200
+        assert until(lambda: workers(router) == {}, timeout=30)  # once the registry is past its TTL
+        decode.canary_ids = [9, 9, 9]  # the new weights
+        register(service, "p", "prefill", urls["p"], instance="2")
+        register(service, "d", "decode", urls["d"], instance="2")
+        assert until(lambda: {w["admission"] for w in workers(router).values()} == {"admitted"})
+        assert "first pair" in workers(router)["d"]["admission_note"]
+        register(service, "d-old", "decode", urls["d-old"])  # still on the old weights: now the odd one out
+        assert until(lambda: workers(router).get("d-old", {}).get("admission") == "refused")
 
 
 def test_a_canary_that_cannot_run_is_tried_again():
