@@ -9,7 +9,8 @@ fails (package scope: gone before tests/e2e starts its own cluster in the same r
      127.0.0.1 (the tests reach the cluster only through it), with the router config made to name the pair that
      served each answer (expose_worker_ids), which the scaling tests read.
 Any step that cannot work fails every test (an error at setup): nothing here skips, so a broken compose cannot pass.
-Logs (dockerd, build, every container) and timings are in logs/compose-tests/.
+Logs (dockerd, build, every container) and timings are in logs/compose-tests/; the containers' logs also in pytest's
+tmp dir (compose-logs*), which outlives a CI clone.
 """
 
 from __future__ import annotations
@@ -38,7 +39,14 @@ RUN_DIR = REPO / "logs" / "compose-tests"
 PROJECT_PREFIX = "pdcluster-test-"
 PROFILE = "cpu"
 UP_TIMEOUT = 900        # seconds for the workers to serve: SGLang starts in ~30-60 s per worker on 2 cores
-MAX_RESTARTS = 3        # a worker restarted this often is failing, not starting
+# The workers' KV pool here: SmolLM2's context (8192) plus a decode's reserve (512) and a page (64), instead of the
+# CPU profile's 16384. Each SmolLM2 worker holds its pool and a HiCache host pool twice its size (45 KiB a token): at
+# 16384, 2 prefills and 2 decodes took ~16 GiB of this 24 GiB machine (measured: ~1 GiB left free while the crash
+# test's decode restarted), and a restarting worker whose host pool and SGLang's 1 GiB reserve are not free exits
+# ("Not enough host memory available") and is restarted again: CI once failed so. What the tests check (scaling,
+# restarts, volumes, exact tokens) does not depend on the pool's size.
+TEST_KV_POOL = 8192 + 512 + 64
+MAX_RESTARTS = 3        # a worker restarted this often while we wait for it is failing, not starting
 BUILD_TIMEOUT = 3600
 TIMINGS: dict[str, float | str] = {}
 
@@ -97,6 +105,7 @@ class Project:
     files: list[Path]
     env: dict[str, str]
     port: int
+    keep_dir: Path | None = None
 
     @property
     def url(self) -> str:
@@ -130,7 +139,18 @@ class Project:
         proc = self.compose("logs", "--no-color", "--timestamps", check=False, timeout=120)
         path = RUN_DIR / f"compose{suffix}.log"
         path.write_text(proc.stdout + proc.stderr)
+        if self.keep_dir is not None:  # CI deletes its clone (and logs/ with it); pytest's tmp dirs stay
+            self.keep_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, self.keep_dir / path.name)
         return path
+
+    def why_restarted(self, container: str) -> str:
+        """A restarted container's last exit and the end of its log, for a failure message that CI prints."""
+        info = self.inspect(container)
+        state = {k: info["State"].get(k) for k in ("Status", "ExitCode", "OOMKilled", "Error", "FinishedAt")}
+        tail = self.docker("logs", "--tail", "40", container, check=False)
+        log = (tail.stdout + tail.stderr).decode(errors="replace")
+        return f"{info['Name']}: restarted {info['RestartCount']} times, last exit {state}; its log ends:\n{log}"
 
     def ready_listing(self) -> tuple[int, list[dict]]:
         """The router's /ready: its status and the workers it lists (0, [] when it does not answer)."""
@@ -152,15 +172,16 @@ class Project:
     def wait_for_workers(self, prefills: int, decodes: int, timeout: float = UP_TIMEOUT) -> list[dict]:
         """Until /ready is 200 listing exactly this many prefills and decodes, each one serving (see serving())."""
         deadline, status, listing = time.monotonic() + timeout, 0, []
+        # Restarts are counted from here: one a test caused (a killed worker) is not a failing start.
+        restarts_before = {c: self.inspect(c)["RestartCount"] for c in self.containers(all=True)}
         while time.monotonic() < deadline:
             status, listing = self.ready_listing()
             if (status == 200 and len(serving(listing, "prefill")) == prefills
                     and len(serving(listing, "decode")) == decodes and len(listing) == prefills + decodes):
                 return listing
             for container in self.containers(all=True):
-                info = self.inspect(container)
-                if info["RestartCount"] >= MAX_RESTARTS:
-                    _fail(f"{info['Name']} restarted {info['RestartCount']} times; logs: {self.save_logs('-failed')}")
+                if self.inspect(container)["RestartCount"] - restarts_before.get(container, 0) >= MAX_RESTARTS:
+                    _fail(f"{self.why_restarted(container)}\nall logs: {self.save_logs('-failed')}")
             time.sleep(1)
         _fail(f"after {timeout:.0f} s: /ready {status}, workers {json.dumps(listing, indent=1)}; wanted {prefills} "
               f"prefill(s) and {decodes} decode(s) serving; logs: {self.save_logs('-failed')}")
@@ -272,7 +293,7 @@ def reference(image_model):
 
 
 @pytest.fixture(scope="package")
-def project(engine, image) -> Project:
+def project(engine, image, tmp_path_factory) -> Project:
     port = free_port()
     name = f"{PROJECT_PREFIX}{os.getpid()}-{secrets.token_hex(2)}"
     # The router's compose config plus expose_worker_ids, so that an answer names the pair that served it.
@@ -280,11 +301,16 @@ def project(engine, image) -> Project:
     router_config["expose_worker_ids"] = True
     (RUN_DIR / "router.yaml").write_text(yaml.safe_dump(router_config))
     override = RUN_DIR / "compose.test.yml"
-    override.write_text(yaml.safe_dump({"services": {"router": {
-        "command": ["python", "-m", "router", "--config", "/test/router.yaml"],
-        "volumes": [f"{RUN_DIR / 'router.yaml'}:/test/router.yaml:ro"],
-    }}}))
-    proj = Project(engine, name, [REPO / "docker-compose.yml", override], {**engine.env, **compose_env(port)}, port)
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    override.write_text(yaml.safe_dump({"services": {
+        "router": {"command": ["python", "-m", "router", "--config", "/test/router.yaml"],
+                   "volumes": [f"{RUN_DIR / 'router.yaml'}:/test/router.yaml:ro"]},
+        # Each worker's command as the compose file has it, with a KV pool of TEST_KV_POOL tokens.
+        **{name: {"command": [*services[name]["command"], "--max-total-tokens", str(TEST_KV_POOL)]}
+           for name in (f"prefill-{PROFILE}", f"decode-{PROFILE}")},
+    }}))
+    proj = Project(engine, name, [REPO / "docker-compose.yml", override], {**engine.env, **compose_env(port)}, port,
+                   keep_dir=tmp_path_factory.mktemp("compose-logs"))
     TIMINGS["project"] = name
     try:
         started = time.monotonic()
