@@ -48,6 +48,10 @@ class WorkerRegistration(_Strict):
     # From a local model folder's config.json (context_length: SGLang's --context-length when set); None: unknown.
     vocab_size: int | None = Field(default=None, ge=1)
     context_length: int | None = Field(default=None, ge=1)
+    # From SGLang's /server_info once it serves (None: unknown): the tokens its KV pool holds, and a decode's
+    # num_reserved_decode_tokens, which it pre-allocates with every prompt (router/kv_fit.py).
+    kv_pool_tokens: int | None = Field(default=None, ge=1)
+    reserved_decode_tokens: int | None = Field(default=None, ge=0)
     # Made by the launcher at each start: routers check a new instance (a restarted worker) before it gets traffic.
     instance_id: str | None = Field(default=None, max_length=64)
 
@@ -62,6 +66,20 @@ class WorkerRegistration(_Strict):
     @property
     def base_url(self) -> str:
         return str(self.url).rstrip("/")
+
+    @property
+    def prompt_budget(self) -> int | None:
+        """The longest prompt (tokens) this decode can ever pre-allocate, when that is shorter than its context
+        length; None when every prompt SGLang accepts fits, or when the pool is unknown. A decode pre-allocates the
+        prompt, page-aligned, plus its reserve (measured: on an idle 1536-token pool, 1024 + 512 fit, 1025 wait);
+        SGLang refuses only prompts longer than the pool, and holds one in that gap until the prefill's bootstrap
+        timeout. One page less than that, as a margin: admission also counts pages held for other work (a decode's
+        offload to the KV store)."""
+        if self.role is not Role.DECODE or self.kv_pool_tokens is None or self.reserved_decode_tokens is None:
+            return None
+        page = self.identity.page_size
+        budget = max(0, (self.kv_pool_tokens - self.reserved_decode_tokens - page) // page * page)
+        return budget if self.context_length is None or budget < self.context_length else None
 
 
 class Heartbeat(_Strict):

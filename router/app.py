@@ -123,7 +123,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
             {"worker_id": w.worker_id, "role": w.role.value, "url": w.url, "healthy": w.healthy,
              "draining": w.draining, "admission": w.admission.value, "admission_note": w.admission_note,
              "unusable": w.unusable(), "breaker": w.breaker.state.name.lower(),
-             "in_flight": w.in_flight,
+             "in_flight": w.in_flight, "prompt_budget": w.prompt_budget,
              "incompatible": w.incompatible}
             for w in pool.workers.values()
         ]

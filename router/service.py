@@ -9,6 +9,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -18,6 +19,7 @@ from router.config import RouterConfig
 from router.dispatch import Dispatcher
 from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 from router.failures import HalfFailed
+from router.kv_fit import PromptTooLong, count_prompt
 from router.metrics import RouterMetrics
 from router.pd_fields import new_rid
 from router.policies.pairing import Pairing, pair_limits
@@ -73,7 +75,14 @@ class PdService:
         if request.checked.client_rid and log.isEnabledFor(logging.INFO):
             log.info("client id", extra={"request_id": request_id, "client_rid": request.checked.client_rid})
         while True:
-            prefill, decode = self.pairing.choose(request)
+            try:
+                prefill, decode = self.pairing.choose(request)
+            except PromptTooLong as short:
+                if request.checked.prompt_exact:
+                    raise short.refusal(request.checked) from None
+                tokens = await count_prompt(self.dispatcher.client, short.decode, request)
+                request.checked = replace(request.checked, longest_prompt=tokens, prompt_exact=True)
+                continue
             check_for_pair(request.checked, pair_limits(prefill, decode))
             request.start_attempt(prefill)
             if log.isEnabledFor(logging.INFO):

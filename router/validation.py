@@ -25,6 +25,7 @@ from pdcluster.config_file import field_path
 from pdcluster.http import ApiError
 from router.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision, PairLimit, Rule
 from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES
+from router.kv_fit import chat_bound, text_bound
 
 # A client's request id is echoed back and logged, never sent to SGLang (which aborts by rid prefix).
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
@@ -61,6 +62,11 @@ class Checked:
     id_fields: tuple[tuple[str, list[int]], ...] = ()
     counts: tuple[tuple[str, int, PairLimit], ...] = ()
     prompt_tokens: int = 0  # an estimate (the router does not tokenize): how much prefill work this request is
+    # The longest prompt's tokens, exact (token ids, or counted by a decode) or an upper bound (text), and its field:
+    # what a decode's KV pool must hold (router/kv_fit.py).
+    longest_prompt: int = 0
+    prompt_exact: bool = False
+    prompt_field: str = "text"
 
     @property
     def hint(self) -> str:
@@ -252,12 +258,13 @@ def check_generate(body: dict[str, Any]) -> Checked:
         _apply("sampling", p, where)
         checks.gather(SAMPLING, p, where)
     if prompts:
-        tokens = sum(map(len, prompts))
+        tokens, longest = sum(map(len, prompts)), max(map(len, prompts))
     else:  # the text was given
-        text = body["text"]
-        tokens = _text_tokens(text if isinstance(text, list) else [text])
+        texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
+        tokens, longest = _text_tokens(texts), text_bound(texts)
     return Checked(batch_size, body.get("stream") is True, first, "input_ids" if prompts else None, prompts,
-                   _client_rid(body.get("rid"), batch_size), tuple(checks.id_fields), tuple(checks.counts), tokens)
+                   _client_rid(body.get("rid"), batch_size), tuple(checks.id_fields), tuple(checks.counts), tokens,
+                   longest, bool(prompts), "input_ids" if prompts else "text")
 
 
 def check_completion(body: dict[str, Any]) -> Checked:
@@ -268,13 +275,13 @@ def check_completion(body: dict[str, Any]) -> Checked:
     prompt, stream, extra = body["prompt"], body.get("stream") is True, (tuple(checks.id_fields), tuple(checks.counts))
     if isinstance(prompt, str):
         return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra,
-                       _text_tokens([prompt]))
+                       _text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt")
     if all(isinstance(p, str) for p in prompt):  # a batch of texts (checked by the table's type)
         return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra,
-                       _text_tokens(prompt))
+                       _text_tokens(prompt), text_bound(prompt), prompt_field="prompt")
     batch_size, prompts = _id_prompts(prompt, "prompt")
     return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra,
-                   sum(map(len, prompts)))
+                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt")
 
 
 def check_chat(body: dict[str, Any]) -> Checked:
@@ -291,7 +298,8 @@ def check_chat(body: dict[str, Any]) -> Checked:
              for part in (message["content"] if isinstance(message["content"], list) else [message["content"]])]
     return Checked(None, body.get("stream") is True, body["messages"][0].get("content"), client_rid=_client_rid(
         rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
-        prompt_tokens=_text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]))
+        prompt_tokens=_text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]),
+        longest_prompt=chat_bound(texts, len(body["messages"])), prompt_field="messages")
 
 
 def _grammar_size(response_format: dict | None) -> None:

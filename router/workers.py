@@ -34,6 +34,7 @@ class Worker:
     identity: ModelIdentity | None = None  # None for static workers: compatible with anything
     vocab_size: int | None = None  # token ids must be below it
     context_length: int | None = None
+    prompt_budget: int | None = None  # a decode whose KV pool cannot take every prompt: the longest (router/kv_fit.py)
     static: bool = False
     # The worker's own launcher reports SGLang's health through the registry; the router checks too.
     registry_healthy: bool = True
@@ -84,7 +85,7 @@ class Worker:
     @classmethod
     def from_registration(cls, reg: WorkerRegistration) -> Worker:
         return cls(reg.worker_id, reg.role, reg.base_url, reg.bootstrap_host, reg.bootstrap_port, reg.identity,
-                   reg.vocab_size, reg.context_length, instance_id=reg.instance_id)
+                   reg.vocab_size, reg.context_length, reg.prompt_budget, instance_id=reg.instance_id)
 
     def compatible_with(self, other: Worker) -> bool:
         return self.identity is None or other.identity is None or self.identity == other.identity
@@ -120,9 +121,9 @@ class WorkerPool:
             current = self.workers.get(reg.worker_id)
             fresh = Worker.from_registration(reg)
             if current is None or (current.url, current.kv_bootstrap_port, current.identity, current.vocab_size,
-                                   current.context_length, current.instance_id) != (
+                                   current.context_length, current.prompt_budget, current.instance_id) != (
                     fresh.url, fresh.kv_bootstrap_port, fresh.identity, fresh.vocab_size, fresh.context_length,
-                    fresh.instance_id):  # another worker under the same id, or a restarted one: a new instance
+                    fresh.prompt_budget, fresh.instance_id):  # another worker under this id, or a restarted one
                 current = self._add(fresh)
             current.registry_healthy = row.healthy
             current.incompatible = row.incompatible

@@ -41,6 +41,8 @@ class FakeWorker:
     canaries: int = 0
     canary_failures: int = 0  # answer this many canaries with 503 first
     canary_stalls: int = 0  # then leave this many unanswered for a minute (a worker stopped mid-canary)
+    tokenized: list[dict] = field(default_factory=list)  # what /tokenize was asked (a token is two characters)
+    tokenize_status: int = 200
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -53,6 +55,19 @@ class FakeWorker:
         async def abort(request: Request) -> Response:
             self.aborted.append((await request.json())["rid"])
             return Response(status_code=200)
+
+        @app.post("/tokenize")
+        async def tokenize(request: Request) -> Response:
+            body = await request.json()
+            self.tokenized.append(body)
+            if self.tokenize_status != 200:
+                return JSONResponse({"message": "fake tokenizer failure"}, status_code=self.tokenize_status)
+            if "messages" in body:
+                count: int | list[int] = sum(len(m["content"]) // 2 + 4 for m in body["messages"])
+            else:
+                prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+                count = [len(p) // 2 for p in prompts] if isinstance(body["prompt"], list) else len(prompts[0]) // 2
+            return JSONResponse({"tokens": [], "count": count, "max_model_len": 2048})
 
         @app.get("/v1/models")
         async def models() -> dict:

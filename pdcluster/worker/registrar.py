@@ -19,6 +19,7 @@ import time
 import httpx
 import psutil
 
+from pdcluster.protocol import Role
 from pdcluster.worker.plan import LaunchPlan
 
 log = logging.getLogger("pdcluster.worker")
@@ -121,7 +122,31 @@ class Registrar:
                 serving = self._serving.is_set() and self.health[0]
                 self._stop.wait(self.plan.cluster.health_interval if serving else self.plan.cluster.heartbeat_interval)
 
+    def _read_kv_pool(self) -> None:
+        """The KV pool SGLang sized at start (from free memory, capped by --max-total-tokens): the router needs it to
+        keep prompts a decode can never pre-allocate away from it (router/kv_fit.py). Read once, before the first
+        registration; unknown (None) if SGLang does not say."""
+        if self.registration.kv_pool_tokens is not None:
+            return
+        try:
+            info = httpx.get(f"{self.registration.base_url}/server_info", timeout=30.0).json()
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("SGLang /server_info unreadable (%s): the router will not know the KV pool's size", exc)
+            return
+        pool, reserved = info.get("max_total_num_tokens"), info.get("num_reserved_decode_tokens")
+        update = {"kv_pool_tokens": pool if isinstance(pool, int) and pool > 0 else None}
+        if self.registration.role is Role.DECODE and isinstance(reserved, int) and reserved >= 0:
+            update["reserved_decode_tokens"] = reserved
+        self.registration = self.registration.model_copy(update=update)
+        budget = self.registration.prompt_budget
+        if budget is not None:
+            log.warning("the KV pool holds %s tokens, less than the context length (%s) plus the %s tokens SGLang "
+                        "reserves with each prompt: prompts over %s tokens are sent to other decodes, or refused "
+                        "(400) by the router. More free RAM (or GPU memory) at start, or a larger "
+                        "--max-total-tokens, lifts this.", pool, self.registration.context_length, reserved, budget)
+
     def _register(self) -> None:
+        self._read_kv_pool()
         response = self.service.put(f"/v1/workers/{self.registration.worker_id}",
                                     content=self.registration.model_dump_json(),
                                     headers={"content-type": "application/json"})

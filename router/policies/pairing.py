@@ -1,11 +1,12 @@
 """Pairing: which decode and which prefill serve an attempt. A pipeline of named stages, as llm-d's
 filter -> scorer -> picker: filters narrow each role's candidates, then the role's policy picks one.
 
-    decode:  available -> pairable (some available prefill can send it KV) -> decode policy
+    decode:  available -> pairable (some available prefill can send it KV) -> holds the prompt -> decode policy
     prefill: available -> compatible with the chosen decode               -> prefill policy
 
 "available": usable (Worker.unusable: registry, probes, liveness, breaker), and not tried already by this request,
 unless every available worker of the role has been (then tried ones may serve again).
+"Holds the prompt": its KV pool can pre-allocate it (router/kv_fit.py; else PromptTooLong).
 "Compatible": same model identity (model, page size, KV dtype, transfer backend; static workers match anything).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from pdcluster.http import ApiError
 from pdcluster.protocol import Role
+from router.kv_fit import holding
 from router.policies.base import Policy
 from router.request import PdRequest
 from router.validation import ModelLimits
@@ -47,6 +49,7 @@ class Pairing:
             detail = "no prefill is compatible with any decode" if prefills and decodes else (
                 f"{len(prefills)} prefill and {len(decodes)} decode workers available")
             raise ApiError(503, f"no healthy pair: {detail}")
+        candidates = holding(candidates, request.checked)
         decode = self.decode_policy.choose(candidates, _prompt(self.decode_policy, request))
         prefill = self.prefill_policy.choose(compatible_with(decode, prefills), _prompt(self.prefill_policy, request))
         return prefill, decode

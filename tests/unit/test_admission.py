@@ -21,10 +21,10 @@ from tests.unit.test_bootstrap_service import registration
 from tests.unit.test_router_pd import metric
 
 
-def register(service: str, worker_id: str, role: str, url: str, instance: str = "1") -> None:
-    """Register a fake worker and heartbeat it, as its launcher would, until it is deregistered: a test may outlive
-    the registry's TTL on a busy machine."""
-    body = registration(worker_id, role) | {"url": url, "instance_id": instance}
+def register(service: str, worker_id: str, role: str, url: str, instance: str = "1", **extra) -> None:
+    """Register a fake worker (`extra`: more registration fields) and heartbeat it, as its launcher would, until it
+    is deregistered: a test may outlive the registry's TTL on a busy machine."""
+    body = registration(worker_id, role) | {"url": url, "instance_id": instance} | extra
     assert httpx.put(f"{service}/v1/workers/{worker_id}", json=body).status_code == 200
     threading.Thread(target=_heartbeats, args=(service, worker_id), daemon=True).start()
 
@@ -40,16 +40,16 @@ def _heartbeats(service: str, worker_id: str) -> None:
 
 
 @contextlib.contextmanager
-def discovered(fakes: dict[str, FakeWorker], first: dict[str, str],
-               ttl: float = 5.0) -> Iterator[tuple[str, dict[str, str], str]]:
-    """A bootstrap service, each fake served, the `first` of them (name -> role) registered under their names, then a
-    router following the registry (its worker ids exposed). Yields the service's URL, each fake's URL and the
-    router's URL."""
+def discovered(fakes: dict[str, FakeWorker], first: dict[str, str], ttl: float = 5.0,
+               extra: dict[str, dict] | None = None) -> Iterator[tuple[str, dict[str, str], str]]:
+    """A bootstrap service, each fake served, the `first` of them (name -> role) registered under their names (with
+    `extra[name]`'s fields), then a router following the registry (its worker ids exposed). Yields the service's URL,
+    each fake's URL and the router's URL."""
     with contextlib.ExitStack() as stack:
         service = stack.enter_context(ServerThread(create_bootstrap(BootstrapConfig(ttl_seconds=ttl)))).url
         urls = {name: stack.enter_context(ServerThread(fake.app())).url for name, fake in fakes.items()}
         for name, role in first.items():
-            register(service, name, role, urls[name])
+            register(service, name, role, urls[name], **(extra or {}).get(name, {}))
         router = stack.enter_context(ServerThread(create_app(RouterConfig(bootstrap_url=service,
                                                                           expose_worker_ids=True))))
         yield service, urls, router.url

@@ -5,7 +5,6 @@ busy worker (registered healthy); one that times out while they sit idle is a st
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import httpx
 import psutil
 from fastapi import FastAPI
 
+from pdcluster.protocol import WorkerRegistration
 from pdcluster.worker.registrar import BUSY_CORES, Registrar
 from tests.fakes import ServerThread, until
 
@@ -76,8 +76,7 @@ def test_a_stopping_worker_deregisters_at_once_and_its_heartbeats_never_register
         made = registrar("http://127.0.0.1:9")
         made.plan.cluster.bootstrap_url, made.plan.cluster.heartbeat_interval = service.url, 0.05
         made.service = httpx.Client(base_url=service.url, timeout=3.0)
-        made.registration = SimpleNamespace(worker_id="w", url="http://w",
-                                            model_dump_json=lambda: json.dumps(registration("w")))
+        made.registration = WorkerRegistration.model_validate(registration("w", kv_pool_tokens=4096))
         made._serving.set()
         made._threads[1].start()  # the heartbeats: they register it
 
@@ -90,3 +89,47 @@ def test_a_stopping_worker_deregisters_at_once_and_its_heartbeats_never_register
         time.sleep(0.5)  # ten heartbeat periods: nothing registers it again
         assert listed() == []
         made._stop.set()
+
+
+def sglang_server_info(info: dict | None) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/server_info")
+    async def server_info():
+        return info if info is not None else 1 / 0  # None: SGLang answers 500
+
+    return app
+
+
+def test_the_kv_pool_sglang_sized_is_registered_and_a_decode_short_of_its_context_says_what_it_refuses(caplog):
+    """The decode's pool (4352 tokens, as on a machine short of RAM) and reserve come from SGLang's /server_info;
+    the registration carries them, and its prompt budget is what pairing keeps longer prompts from (router/kv_fit.py):
+    the pool, less the reserve and the allocator's page, in whole pages."""
+    from tests.unit.test_bootstrap_service import registration
+
+    info = {"max_total_num_tokens": 4352, "num_reserved_decode_tokens": 512}
+    with ServerThread(sglang_server_info(info)) as sglang:
+        made = registrar("http://127.0.0.1:9")
+        made.registration = WorkerRegistration.model_validate(
+            registration("d", page_size=64, url=sglang.url, context_length=8192))
+        made._read_kv_pool()
+    assert (made.registration.kv_pool_tokens, made.registration.reserved_decode_tokens) == (4352, 512)
+    assert made.registration.prompt_budget == 3776 == (4352 - 512 - 64) // 64 * 64
+    assert "prompts over 3776 tokens are sent to other decodes, or refused (400)" in caplog.text
+    # A pool that holds the whole context plus the reserve: no budget (SGLang's own checks suffice).
+    roomy = made.registration.model_copy(update={"kv_pool_tokens": 8192 + 512 + 64})
+    assert roomy.prompt_budget is None
+    assert roomy.model_copy(update={"kv_pool_tokens": 8192 + 512 + 63}).prompt_budget == 8128
+
+
+def test_a_kv_pool_sglang_does_not_report_is_unknown_and_the_worker_registers_all_the_same():
+    from tests.unit.test_bootstrap_service import registration
+
+    with ServerThread(sglang_server_info(None)) as sglang:
+        made = registrar("http://127.0.0.1:9")
+        made.registration = WorkerRegistration.model_validate(registration("d", url=sglang.url))
+        made._read_kv_pool()
+    assert made.registration.kv_pool_tokens is None and made.registration.prompt_budget is None
+    prefill = WorkerRegistration.model_validate(registration("p", role="prefill", kv_pool_tokens=10,
+                                                             reserved_decode_tokens=0, context_length=100))
+    assert prefill.prompt_budget is None  # a prefill computes a prompt; it pre-allocates nothing for a peer
