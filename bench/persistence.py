@@ -170,6 +170,7 @@ def run(path: Path, name: str, lengths: tuple[int, ...], repeats: int) -> dict:
     try:
         for side in sides.values():
             side.start()
+            side.check_pool(max(lengths[-1], chat_len + CHAT_ANSWER + CHAT_NEXT))
             ttft(side.client, prompt("warm-up", 256, vocab))  # first-request costs (allocators, lazy imports)
         server = sides["on"].server_info()
         for rep in range(repeats):

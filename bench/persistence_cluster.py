@@ -158,6 +158,16 @@ class Side:
         self.cluster.start()
         self.cluster.wait_ready()
 
+    def check_pool(self, longest: int) -> None:
+        """Stop at once when the decode's KV pool cannot take the longest prompt: SGLang sizes it from the RAM free at
+        its start (the second cluster's once got 4352 tokens), and the router would refuse every such prompt."""
+        budget = next(w["prompt_budget"] for w in self.client.get("/ready").json()["workers"]
+                      if w["worker_id"] == self.ids["decode-0"])
+        if budget is not None and budget < longest:
+            raise RuntimeError(f"{self.mode} decode's KV pool takes prompts of at most {budget} tokens, not the "
+                               f"{longest} this benchmark sends: free RAM before running it (its log: "
+                               f"{self.cluster.processes['decode-0'].log_path})")
+
     def stop(self) -> None:
         self.client.close()
         self.cluster.stop(timeout=60)
