@@ -70,12 +70,17 @@ def write_configs(model: Path, mode: str) -> LocalSpec:
     """The cluster of one mode: its configs, KV directory and logs under WORK/<mode>."""
     ports, work = PORTS[mode], WORK / mode
     (work / "kv").mkdir(parents=True)
+    positions = json.loads((model / "config.json").read_text())["max_position_embeddings"]
     for role in ("prefill", "decode"):
         raw = yaml.safe_load((REPO / "configs" / f"{role}-persistent.yaml").read_text())
-        # A KV pool of 20k tokens holds the longest prompt and a chat's next turn (the CPU profile's 64k would make
-        # SGLang's HiCache ask for a host pool twice that size).
+        # The prefill's KV pool of 20k tokens keeps every prompt of a repeat in memory (the "memory" series) and a
+        # chat's next turn (the CPU profile's 64k would make SGLang's HiCache ask for a host pool twice that size).
+        # The decode holds one request at a time: the context, SGLang's 512-token reserve and a page suffice, and
+        # on SmolLM2 (45 KiB a token, a HiCache host pool twice the pool) that leaves RAM for the second cluster,
+        # whose decode once got too little to start.
+        pool = 20480 if role == "prefill" else min(20480, positions + 512 + PAGE)
         raw.update({"model-path": str(model), "served-model-name": SERVED, "log-level": "warning",
-                    "max-total-tokens": 20480, "dtype": "float32"})
+                    "max-total-tokens": pool, "dtype": "float32"})
         raw["cluster"].update({"bootstrap_url": f"http://127.0.0.1:{ports['bootstrap']}",
                                "cpu_attention": mode == "on"})
         raw["cluster"]["kv_store"]["dir"] = str(work / "kv")  # decode_offload stays on: a chat's next turn
