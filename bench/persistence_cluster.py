@@ -203,7 +203,9 @@ class Side:
 
     def _healthy(self) -> dict:
         try:
-            return {w["worker_id"]: w["healthy"] for w in self.client.get("/ready").json()["workers"]}
+            # Usable, not just healthy: a restarted prefill is a new instance, which gets no request until its
+            # admission canary passes (a request sent before is a 503).
+            return {w["worker_id"]: not w["unusable"] for w in self.client.get("/ready").json()["workers"]}
         except (httpx.HTTPError, ValueError, KeyError):
             return {}
 
