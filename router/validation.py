@@ -150,19 +150,26 @@ _TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": 
 
 
 def _apply(name: str, body: Any, where: str = "") -> BaseModel:
-    """Refused and unknown fields first (each with its reason), then every value's type and static limits."""
+    """Unknown and refused fields first (each with its reason), then every value's type and static limits.
+
+    A null, and a refused field sent as SGLang's own default, are "not given" and leave the body: clients that spell
+    out every field (SGLang's bench_serving sends `"lora_path": null`) are served, and SGLang, which reads some nulls
+    as values (500s), never sees one."""
     table = _TABLES[name]
     if not isinstance(body, dict):
         raise ApiError(400, f"{where.rstrip('.') or 'body'} must be a JSON object", where.rstrip(".") or None)
-    for key in body:
+    not_given = []
+    for key, value in body.items():
         rule = table.get(key)
         if rule is None:
             raise ApiError(400, f"{where}{key}: unknown field (the fields this router accepts: {LIMITS_DOC})",
                            f"{where}{key}")
-        if rule.decision is Decision.REFUSED:
+        if value is None or (rule.decision is Decision.REFUSED and rule.asks_nothing(value)):
+            not_given.append(key)
+        elif rule.decision is Decision.REFUSED:
             raise ApiError(400, f"{where}{key} is not accepted: {rule.reason}", f"{where}{key}")
-    for key in [key for key, value in body.items() if value is None]:
-        del body[key]  # null is "not given": SGLang's own default (some of its code reads a null as a value: 500s)
+    for key in not_given:
+        del body[key]
     try:
         return _model(name).model_validate(body)
     except ValidationError as exc:

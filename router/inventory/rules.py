@@ -34,10 +34,21 @@ class Rule:
     reason: str
     type: Any = None  # the pydantic type of its value (PASSED, BOUNDED and ROUTER fields a client may send)
     pair: PairLimit | None = None  # checked against the pair that serves the request
+    # A refused field's SGLang default, where it has one (false for most flags): sent as exactly that, the field
+    # asks for nothing, so it is taken as not given. Clients that spell out every default (SGLang's own
+    # bench_serving sends `"return_routed_experts": false`) are served; any other value is refused.
+    # tests/unit/test_inventory.py checks each against SGLang's own default.
+    default: bool | int | str | None = None
 
     def __post_init__(self) -> None:
         if (self.type is None) != (self.decision is Decision.REFUSED):
             raise ValueError("a refused field has no type, every other field has one")
+        if self.default is not None and self.decision is not Decision.REFUSED:
+            raise ValueError("only a refused field declares SGLang's default")
+
+    def asks_nothing(self, value: Any) -> bool:
+        """Whether a refused field's value is SGLang's own default (same type: `0` is not `false`)."""
+        return self.default is not None and type(value) is type(self.default) and value == self.default
 
 
 def passed(reason: str, type_: Any) -> Rule:
@@ -48,8 +59,8 @@ def bounded(reason: str, type_: Any, pair: PairLimit | None = None) -> Rule:
     return Rule(Decision.BOUNDED, reason, type_, pair)
 
 
-def refused(reason: str) -> Rule:
-    return Rule(Decision.REFUSED, reason)
+def refused(reason: str, default: bool | int | str | None = None) -> Rule:
+    return Rule(Decision.REFUSED, reason, default=default)
 
 
 def router(reason: str, type_: Any) -> Rule:

@@ -26,6 +26,31 @@ def message_fields() -> set[str]:
         protocol.ChatCompletionMessageUserParam.model_fields)
 
 
+def _pydantic_defaults(*models) -> dict:
+    return {name: field.default for model in models for name, field in model.model_fields.items()}
+
+
+SGLANG_DEFAULTS = [
+    pytest.param(GENERATE, {f.name: f.default for f in dataclasses.fields(GenerateReqInput)}, id="GenerateReqInput"),
+    pytest.param(SAMPLING, dict(zip(SamplingParams.__struct_fields__[-len(SamplingParams.__struct_defaults__):],
+                                    SamplingParams.__struct_defaults__, strict=True)), id="SamplingParams"),
+    pytest.param(CHAT, _pydantic_defaults(protocol.ChatCompletionRequest), id="ChatCompletionRequest"),
+    pytest.param(COMPLETION, _pydantic_defaults(protocol.CompletionRequest), id="CompletionRequest"),
+    pytest.param(MESSAGE, _pydantic_defaults(protocol.ChatCompletionMessageGenericParam,
+                                             protocol.ChatCompletionMessageUserParam), id="chat message"),
+]
+
+
+@pytest.mark.parametrize(("table", "defaults"), SGLANG_DEFAULTS)
+def test_a_refused_field_sent_as_sglang_default_is_taken_as_not_given(table, defaults):
+    """Each refused field declares SGLang's default where it has a plain one (false, 0, "auto"), so that a client
+    spelling it out is served; a changed default in SGLang fails here, not in a client's face."""
+    declared = {name: rule.default for name, rule in table.items() if rule.decision is Decision.REFUSED}
+    plain = {name: defaults.get(name) if isinstance(defaults.get(name), bool | int | str) else None
+             for name in declared}
+    assert declared == plain
+
+
 @pytest.mark.parametrize(("table", "sglang_fields"), [
     pytest.param(GENERATE, {f.name for f in dataclasses.fields(GenerateReqInput)}, id="GenerateReqInput"),
     pytest.param(SAMPLING, set(SamplingParams.__struct_fields__), id="SamplingParams"),

@@ -36,6 +36,28 @@ def test_every_refused_field_is_refused_with_its_reason(check, base, table, wher
         assert error.param == name and error.message == f"{name} is not accepted: {table[name].reason}"
 
 
+@pytest.mark.parametrize(("check", "base", "table"), [
+    (check_generate, {"text": "a"}, GENERATE),
+    (check_completion, {"prompt": "a"}, COMPLETION),
+    (check_chat, CHAT_BASE, CHAT),
+])
+def test_a_refused_field_as_null_or_as_sglang_default_is_not_given_and_not_sent(check, base, table):
+    for name in refused(table):
+        body = {**base, name: None}
+        check(body)
+        assert name not in body
+        default = table[name].default
+        if default is None:
+            continue
+        body = {**base, name: default}
+        check(body)
+        assert name not in body
+        other = (not default) if isinstance(default, bool) else default + 1 if isinstance(default, int) else "x"
+        assert refusal(check, {**base, name: other}).param == name
+        if isinstance(default, bool):  # 0 is not false: the type is SGLang's too
+            assert refusal(check, {**base, name: int(default)}).param == name
+
+
 def test_refused_fields_inside_sampling_params_and_messages():
     for name in refused(SAMPLING):
         error = refusal(check_generate, {"text": "a", "sampling_params": {name: 1}})
