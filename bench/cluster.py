@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the model every worker serves (default: the demo model)")
     parser.add_argument("--repeats", type=int, help="runs of each target and load (default 3, --quick 2)")
     parser.add_argument("--idle-seconds", type=float, help="idle CPU window (default 20 s, --quick 8 s)")
-    parser.add_argument("--no-busy-poll", action="store_true", help="skip the sleep-on-idle off session")
+    parser.add_argument("--no-busy-poll", action="store_true", help="skip the sleep-on-idle off session (skipped for "
+                        "models whose BenchModel says so: cluster_targets.BenchModel.busy_poll_session)")
     parser.add_argument("--idle-only", action="store_true",
                         help="only the idle CPU of the make up shape (bench/results/idle.json, default 120 s)")
     parser.add_argument("--decode-only", action="store_true", help="decode on fake KV instead (bench.decode_only)")
@@ -243,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     load = loads(args.quick)
     runs, idle_cpu = [], {}
-    if not args.no_busy_poll:
+    if args.no_busy_poll or not model.busy_poll_session:
+        log("sleep-on-idle off session skipped" + ("" if args.no_busy_poll else f" for {args.model} (see "
+                                                   "cluster_targets.BenchModel.busy_poll_session)"))
+    else:
         busy_runs, idle_cpu["sleep_on_idle_off"] = run_busy_poll(args, loads(args.quick, busy_poll=True),
                                                                  log_dir, log)
         runs += busy_runs

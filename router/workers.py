@@ -87,6 +87,11 @@ class Worker:
         return cls(reg.worker_id, reg.role, reg.base_url, reg.bootstrap_host, reg.bootstrap_port, reg.identity,
                    reg.vocab_size, reg.context_length, reg.prompt_budget, instance_id=reg.instance_id)
 
+    def registered_as(self) -> tuple:
+        """What its registration says: another value under the same id is another worker, or a restarted one."""
+        return (self.role, self.url, self.kv_bootstrap_host, self.kv_bootstrap_port, self.identity, self.vocab_size,
+                self.context_length, self.prompt_budget, self.instance_id)
+
     def compatible_with(self, other: Worker) -> bool:
         return self.identity is None or other.identity is None or self.identity == other.identity
 
@@ -120,10 +125,7 @@ class WorkerPool:
             seen.add(reg.worker_id)
             current = self.workers.get(reg.worker_id)
             fresh = Worker.from_registration(reg)
-            if current is None or (current.url, current.kv_bootstrap_port, current.identity, current.vocab_size,
-                                   current.context_length, current.prompt_budget, current.instance_id) != (
-                    fresh.url, fresh.kv_bootstrap_port, fresh.identity, fresh.vocab_size, fresh.context_length,
-                    fresh.prompt_budget, fresh.instance_id):  # another worker under this id, or a restarted one
+            if current is None or current.registered_as() != fresh.registered_as():
                 current = self._add(fresh)
             current.registry_healthy = row.healthy
             current.incompatible = row.incompatible
