@@ -52,6 +52,9 @@ class WorkerRegistration(_Strict):
     # num_reserved_decode_tokens, which it pre-allocates with every prompt (router/kv_fit.py).
     kv_pool_tokens: int | None = Field(default=None, ge=1)
     reserved_decode_tokens: int | None = Field(default=None, ge=0)
+    # ... and the most prompt tokens one forward pass computes (its chunked prefill size): how long a prefill may be
+    # silent while it works for any client, other routers' included (router/liveness.py).
+    forward_tokens: int | None = Field(default=None, ge=1)
     # Made by the launcher at each start: routers check a new instance (a restarted worker) before it gets traffic.
     instance_id: str | None = Field(default=None, max_length=64)
 

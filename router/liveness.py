@@ -7,10 +7,14 @@ shared memory (no round trip to the scheduler).
   worker's allowance: its scheduler is stuck. /health returns as soon as the scheduler outputs anything (any
   request's token, or the probe's own), and a working scheduler publishes a snapshot after every batch it runs (a
   prefill batch at once, decode steps every 15). What neither can show is one long forward pass: a 3000-token prompt
-  of a real model takes 15 s on a laptop CPU, in silence. So the allowance is `stall_timeout` plus the time the
-  prompts this router has sent the worker and not yet seen answered could take (their estimated tokens, at the
-  worker's own measured prefill cost per token, which SGLang publishes, times SAFETY): an idle worker that stops is
-  judged in `stall_timeout`, one busy with long prompts is given their length.
+  of a real model takes 15 s on a laptop CPU, in silence. So the allowance is `stall_timeout` plus the time one
+  forward pass may take (its tokens at the worker's own measured prefill cost per token, which SGLang publishes,
+  times SAFETY). For a prefill those tokens are its largest forward pass (its chunked prefill size, from its
+  registration), whatever this router has sent it: routers that share the workers (the chart runs two) cannot see
+  each other's prompts, and one router's long prompts kept another's /health waiting past stall_timeout
+  (bench.cluster on SmolLM2 ejected healthy prefills 14 times in 6 minutes). Between two forward passes the
+  snapshot moves, so one pass is the most a working scheduler is silent. Otherwise (a decode, whose steps are short;
+  a static worker that did not say) the prompts this router has sent it and not yet seen answered.
 A hung worker is ejected at once and every exchange the data plane has open with it is ended (router/upstream
 connections dropped): a request not yet answered is retried on another pair, a started stream ends with an SSE
 error event. It is readmitted as soon as it answers again with a moving snapshot. Thresholds: docs/faults.md.
@@ -27,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from pdcluster.protocol import Role
 from router.config import RouterConfig
 from router.upstream import ConnectionDropped, UpstreamClient
 from router.workers import Worker, WorkerPool
@@ -105,12 +110,13 @@ class Liveness:
             self.waiting_since += seconds
 
     def allowance(self, config: RouterConfig, pending_tokens: int) -> float:
-        """How long the scheduler may be silent: stall_timeout, plus what the prompts in flight on it may take."""
+        """How long the scheduler may be silent: stall_timeout, plus what a forward pass of `pending_tokens` prompt
+        tokens may take."""
         return config.stall_timeout + SAFETY * self.seconds_per_token * max(0, pending_tokens)
 
     def verdict(self, now: float, config: RouterConfig, pending_tokens: int = 0) -> str:
-        """Why the worker is hung, or "" if it is live. `pending_tokens`: prompt tokens of the worker's prefill
-        halves not yet answered (Worker.pending_prompt_tokens)."""
+        """Why the worker is hung, or "" if it is live. `pending_tokens`: the prompt tokens a forward pass in
+        progress may hold (silent_tokens)."""
         silent = now - self.last_answer
         if silent > config.liveness_timeout:
             return f"no answer to liveness probes for {silent:.1f}s"
@@ -119,8 +125,15 @@ class Liveness:
             allowed = self.allowance(config, pending_tokens)
             if stalled > allowed:
                 return (f"scheduler made no progress for {stalled:.1f}s (/health waiting, load snapshot still; "
-                        f"allowed {allowed:.1f}s for ~{pending_tokens} prompt tokens in flight)")
+                        f"allowed {allowed:.1f}s for a forward pass of up to ~{pending_tokens} prompt tokens)")
         return ""
+
+
+def silent_tokens(worker: Worker) -> int:
+    """The prompt tokens a forward pass in progress on `worker` may hold (see the module's docstring)."""
+    if worker.role is Role.PREFILL and worker.forward_tokens is not None:
+        return worker.forward_tokens
+    return worker.pending_prompt_tokens
 
 
 class LivenessWatch:
@@ -190,7 +203,7 @@ class LivenessWatch:
         self.judge(worker, live)  # readmit at once, not at the next tick
 
     def judge(self, worker: Worker, live: Liveness) -> None:
-        reason = live.verdict(self.clock(), self.config, worker.pending_prompt_tokens)
+        reason = live.verdict(self.clock(), self.config, silent_tokens(worker))
         if reason:
             if worker.alive:
                 worker.alive = False

@@ -35,6 +35,7 @@ class Worker:
     vocab_size: int | None = None  # token ids must be below it
     context_length: int | None = None
     prompt_budget: int | None = None  # a decode whose KV pool cannot take every prompt: the longest (router/kv_fit.py)
+    forward_tokens: int | None = None  # the most prompt tokens one forward pass computes (router/liveness.py)
     static: bool = False
     # The worker's own launcher reports SGLang's health through the registry; the router checks too.
     registry_healthy: bool = True
@@ -85,12 +86,13 @@ class Worker:
     @classmethod
     def from_registration(cls, reg: WorkerRegistration) -> Worker:
         return cls(reg.worker_id, reg.role, reg.base_url, reg.bootstrap_host, reg.bootstrap_port, reg.identity,
-                   reg.vocab_size, reg.context_length, reg.prompt_budget, instance_id=reg.instance_id)
+                   reg.vocab_size, reg.context_length, reg.prompt_budget, reg.forward_tokens,
+                   instance_id=reg.instance_id)
 
     def registered_as(self) -> tuple:
         """What its registration says: another value under the same id is another worker, or a restarted one."""
         return (self.role, self.url, self.kv_bootstrap_host, self.kv_bootstrap_port, self.identity, self.vocab_size,
-                self.context_length, self.prompt_budget, self.instance_id)
+                self.context_length, self.prompt_budget, self.forward_tokens, self.instance_id)
 
     def compatible_with(self, other: Worker) -> bool:
         return self.identity is None or other.identity is None or self.identity == other.identity

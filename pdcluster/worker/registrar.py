@@ -34,6 +34,16 @@ HEALTH_PROBE_TIMEOUT = 25.0
 BUSY_CORES = 0.1
 
 
+def forward_tokens(server_info: dict, context_length: int | None) -> int | None:
+    """The most prompt tokens one of SGLang's forward passes computes: its chunked prefill size; without chunking, a
+    whole prompt (up to the context length) or a batch of max_prefill_tokens, whichever is larger."""
+    chunk, batch = server_info.get("chunked_prefill_size"), server_info.get("max_prefill_tokens")
+    if isinstance(chunk, int) and chunk > 0:
+        return chunk
+    known = [n for n in (batch, context_length) if isinstance(n, int) and n > 0]
+    return max(known) if known else None
+
+
 class Registrar:
     def __init__(self, plan: LaunchPlan, probe_timeout: float = HEALTH_PROBE_TIMEOUT):
         self.plan, self.probe_timeout = plan, probe_timeout
@@ -124,8 +134,9 @@ class Registrar:
 
     def _read_kv_pool(self) -> None:
         """The KV pool SGLang sized at start (from free memory, capped by --max-total-tokens): the router needs it to
-        keep prompts a decode can never pre-allocate away from it (router/kv_fit.py). Read once, before the first
-        registration; unknown (None) if SGLang does not say."""
+        keep prompts a decode can never pre-allocate away from it (router/kv_fit.py); and the largest forward pass,
+        which tells the router how long a working prefill may be silent (router/liveness.py). Read once, before the
+        first registration; unknown (None) if SGLang does not say."""
         if self.registration.kv_pool_tokens is not None:
             return
         try:
@@ -134,7 +145,8 @@ class Registrar:
             log.warning("SGLang /server_info unreadable (%s): the router will not know the KV pool's size", exc)
             return
         pool, reserved = info.get("max_total_num_tokens"), info.get("num_reserved_decode_tokens")
-        update = {"kv_pool_tokens": pool if isinstance(pool, int) and pool > 0 else None}
+        update = {"kv_pool_tokens": pool if isinstance(pool, int) and pool > 0 else None,
+                  "forward_tokens": forward_tokens(info, self.registration.context_length)}
         if self.registration.role is Role.DECODE and isinstance(reserved, int) and reserved >= 0:
             update["reserved_decode_tokens"] = reserved
         self.registration = self.registration.model_copy(update=update)

@@ -25,6 +25,7 @@ from router.liveness import (
     LivenessWatch,
     read_prefill_totals,
     read_snapshot,
+    silent_tokens,
 )
 from router.workers import Worker, WorkerPool
 from tests.fakes import Behaviour, FakeWorker, ServerThread
@@ -86,6 +87,32 @@ def test_a_long_prompt_in_flight_gives_the_scheduler_its_time_and_no_more():
         assert live.verdict(float(t), CONFIG, pending_tokens=3000) == ""  # allowed 6 + 3 x 0.005 x 3000 = 51 s
     assert live.verdict(52.0, CONFIG, pending_tokens=3000).startswith("scheduler made no progress for 52.0s")
     assert live.verdict(7.0, CONFIG, pending_tokens=0).startswith("scheduler made no progress for 7.0s")
+
+
+def test_a_prefill_shared_with_other_routers_gets_one_whole_forward_pass_whatever_this_router_sent():
+    """Routers sharing a prefill (the chart runs two) cannot see each other's prompts: while another router's
+    3000-token prompt is in a 15 s forward pass, this one has nothing in flight there and its /health waits. The
+    prefill's largest forward pass (its chunked prefill size, registered) is what it may be silent for; a decode,
+    and a static worker that did not register it, are judged by what this router sent them."""
+    prefill = Worker("p", Role.PREFILL, "http://p", forward_tokens=4096)
+    assert silent_tokens(prefill) == 4096  # nothing of ours in flight
+    prefill.pending_prompt_tokens = 9000  # ours: chunks of at most 4096, a snapshot after each
+    assert silent_tokens(prefill) == 4096
+    decode = Worker("d", Role.DECODE, "http://d", forward_tokens=4096)
+    decode.pending_prompt_tokens = 7
+    static = Worker("s", Role.PREFILL, "http://s", static=True)
+    static.pending_prompt_tokens = 300
+    assert (silent_tokens(decode), silent_tokens(static)) == (7, 300)
+
+    live = Liveness(last_answer=0.0, last_progress=0.0)
+    totals = (5_000_000.0, 1000)  # 5 ms a prompt token: a 4096-token pass is allowed 6 + 3 x 0.005 x 4096 = 67 s
+    live.answered(0.0, read_snapshot(snapshot(100.0)), totals)
+    live.health_sent(0.0)
+    for t in range(1, 67):
+        live.answered(float(t), read_snapshot(snapshot(100.0)), totals)
+        assert live.verdict(float(t), CONFIG, silent_tokens(Worker("p", Role.PREFILL, "http://p",
+                                                                   forward_tokens=4096))) == ""
+    assert live.verdict(68.0, CONFIG, 4096).startswith("scheduler made no progress for 68.0s")
 
 
 def test_before_a_worker_has_prefilled_much_its_cost_per_token_is_taken_to_be_high():

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 
 import httpx
 import psutil
+import pytest
 from fastapi import FastAPI
 
 from pdcluster.protocol import WorkerRegistration
-from pdcluster.worker.registrar import BUSY_CORES, Registrar
+from pdcluster.worker.registrar import BUSY_CORES, Registrar, forward_tokens
 from tests.fakes import ServerThread, until
 
 
@@ -133,3 +134,25 @@ def test_a_kv_pool_sglang_does_not_report_is_unknown_and_the_worker_registers_al
     prefill = WorkerRegistration.model_validate(registration("p", role="prefill", kv_pool_tokens=10,
                                                              reserved_decode_tokens=0, context_length=100))
     assert prefill.prompt_budget is None  # a prefill computes a prompt; it pre-allocates nothing for a peer
+
+
+@pytest.mark.parametrize(("info", "context", "expected"), [
+    ({"chunked_prefill_size": 4096, "max_prefill_tokens": 16384}, 8192, 4096),  # the CPU profile: chunked
+    ({"chunked_prefill_size": -1, "max_prefill_tokens": 16384}, 8192, 16384),  # no chunking: a batch...
+    ({"chunked_prefill_size": -1, "max_prefill_tokens": 4096}, 8192, 8192),  # ... or one whole prompt
+    ({"chunked_prefill_size": None}, None, None),  # SGLang does not say: unknown
+])
+def test_the_largest_forward_pass_is_read_from_sglang(info, context, expected):
+    """What the router allows a silent prefill (router/liveness.py): one forward pass of this many tokens."""
+    assert forward_tokens(info, context) == expected
+
+
+def test_the_largest_forward_pass_is_registered():
+    from tests.unit.test_bootstrap_service import registration
+
+    info = {"max_total_num_tokens": 16384, "chunked_prefill_size": 4096, "max_prefill_tokens": 16384}
+    with ServerThread(sglang_server_info(info)) as sglang:
+        made = registrar("http://127.0.0.1:9")
+        made.registration = WorkerRegistration.model_validate(registration("p", role="prefill", url=sglang.url))
+        made._read_kv_pool()
+    assert made.registration.forward_tokens == 4096
