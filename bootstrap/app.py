@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
@@ -18,9 +19,10 @@ from pydantic import BaseModel, ValidationError
 from bootstrap.config import BootstrapConfig
 from bootstrap.registry import Registry
 from pdcluster.http import ApiError, check_bearer, first_validation_problem, install_error_handlers, read_json_object
-from pdcluster.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration
+from pdcluster.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration, from_newer
 
 MAX_WAIT_SECONDS = 30.0
+log = logging.getLogger("pdcluster.bootstrap")
 
 
 def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lambda: False) -> FastAPI:
@@ -45,11 +47,22 @@ def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lamb
     app.state.registry = registry
     install_error_handlers(app)
 
-    async def parse(request: Request, model: type[BaseModel]):
+    warned: set[tuple[str, ...]] = set()
+
+    async def parse(request: Request, model: type[BaseModel], newer_ok: bool = False):
+        """`newer_ok`: a launcher's message, which a newer launcher (a rolling upgrade) may send with fields this
+        service does not know: they are dropped and logged, the rest checked as strictly as always."""
         check_bearer(request, token)
         data = await read_json_object(request, config.max_body_bytes)
         try:
-            return model.model_validate(data)
+            if not newer_ok:
+                return model.model_validate(data)
+            parsed, dropped = from_newer(model, data)
+            if dropped and (model.__name__, *dropped) not in warned:  # once: heartbeats come every second
+                warned.add((model.__name__, *dropped))
+                log.warning("a worker sent fields this service does not know (a newer pdcluster) in a %s: %s; "
+                            "ignored, upgrade the bootstrap service", model.__name__, ", ".join(dropped))
+            return parsed
         except ValidationError as exc:
             field, message = first_validation_problem(exc)
             raise ApiError(400, f"{field}: {message}", field) from None
@@ -60,7 +73,7 @@ def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lamb
 
     @app.put("/v1/workers/{worker_id}")
     async def register(worker_id: str, request: Request) -> dict:
-        registration = await parse(request, WorkerRegistration)
+        registration = await parse(request, WorkerRegistration, newer_ok=True)
         if registration.worker_id != worker_id:
             raise ApiError(400, f"worker_id {registration.worker_id!r} does not match the URL's {worker_id!r}",
                            "worker_id")
@@ -69,7 +82,7 @@ def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lamb
 
     @app.post("/v1/workers/{worker_id}/heartbeat")
     async def heartbeat(worker_id: str, request: Request) -> dict:
-        beat = await parse(request, Heartbeat)
+        beat = await parse(request, Heartbeat, newer_ok=True)
         if not await registry.heartbeat(worker_id, beat):
             raise ApiError(404, f"worker {worker_id} is not registered")
         return {"ok": True}

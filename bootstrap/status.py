@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from pdcluster.protocol import WorkerListing
+from pdcluster.protocol import WorkerListing, from_newer
 
 
 def format_table(listing: WorkerListing, now: float | None = None) -> str:
@@ -34,7 +34,7 @@ def print_status(url: str) -> int:
     except httpx.HTTPError as exc:
         print(f"bootstrap: error: cannot read {url}: {exc}", file=sys.stderr)
         return 1
-    print(format_table(WorkerListing.model_validate(response.json())))
+    print(format_table(from_newer(WorkerListing, response.json())[0]))
     return 0
 
 

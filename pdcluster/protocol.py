@@ -7,8 +7,9 @@ except SGLang's own HTTP API, which the router passes through.
 
 from __future__ import annotations
 
+import types
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
 
@@ -21,7 +22,8 @@ class Role(str, Enum):  # noqa: UP042 - a StrEnum's str() and f-strings give the
 
 
 class _Strict(BaseModel):
-    # Unknown fields are a sender bug (or a version skew) that should be loud, not silently dropped.
+    # Unknown fields are refused by model_validate: a sender bug should be loud. A message from a newer peer (a
+    # rolling upgrade) is read with `from_newer`, which drops and names them.
     model_config = ConfigDict(extra="forbid")
 
 
@@ -136,3 +138,39 @@ class ErrorBody(BaseModel):
     """The JSON body of every error the router and the bootstrap service answer with (OpenAI's shape)."""
 
     error: ErrorDetail
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The message models a field holds: itself, or inside a list or an optional."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if get_origin(annotation) in (list, Union, types.UnionType):
+        return [m for arg in get_args(annotation) for m in _models_in(arg)]
+    return []
+
+
+def _known(model: type[BaseModel], data: Any, where: str, dropped: list[str]) -> Any:
+    if not isinstance(data, dict):
+        return data
+    kept = {}
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            dropped.append(f"{where}{key}")
+            continue
+        for inner in _models_in(field.annotation):  # one level of message nesting per model (no unions of models)
+            value = ([_known(inner, v, f"{where}{key}[].", dropped) for v in value] if isinstance(value, list)
+                     else _known(inner, value, f"{where}{key}.", dropped))
+        kept[key] = value
+    return kept
+
+
+def from_newer(model: type[M], data: Any) -> tuple[M, list[str]]:
+    """Validate a message that a newer version of pdcluster may have sent: the fields this version does not know
+    are dropped (and returned, for a log line); everything it knows is checked as strictly as by model_validate.
+    So the bootstrap service, the router and the launchers can be upgraded in any order."""
+    dropped: list[str] = []
+    return model.model_validate(_known(model, data, "", dropped)), sorted(set(dropped))

@@ -1,7 +1,8 @@
 """Discovery: follow the bootstrap service's registry of workers into the pool.
 
 It long-polls the registry (`wait_version`), so a new or dead worker shows up within a fraction of a second. While
-the bootstrap service is down, the last known set stays in service.
+the bootstrap service is down, the last known set stays in service. A listing from a newer bootstrap service (a
+rolling upgrade) is read for what this router knows; the fields it does not know are named once in the log.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 
 import httpx
 
-from pdcluster.protocol import WorkerListing
+from pdcluster.protocol import WorkerListing, from_newer
 from router.config import RouterConfig
 from router.workers import WorkerPool
 
@@ -28,6 +29,7 @@ async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.
     router started (or restarted) under load serves its whole pool from its first request, not a 503."""
     version: int | None = None
     warming_up = False
+    unknown_fields: list[str] = []
     headers = {"Authorization": f"Bearer {config.bootstrap_token}"} if config.bootstrap_token else {}
     while True:
         params: dict = {"timeout": 10.0}
@@ -37,14 +39,18 @@ async def follow_registry(config: RouterConfig, pool: WorkerPool, client: httpx.
             response = await client.get(f"{config.bootstrap_url}/v1/workers", params=params, headers=headers,
                                         timeout=httpx.Timeout(5.0, read=15.0))
             response.raise_for_status()
-            listing = WorkerListing.model_validate(response.json())
+            listing, dropped = from_newer(WorkerListing, response.json())
         except (httpx.HTTPError, ValueError) as exc:
             if version is not None:
-                log.warning("bootstrap service unreachable; serving the last known workers",
-                            extra={"error": type(exc).__name__, "workers": len(pool.workers)})
+                log.warning("bootstrap service unreachable or its listing unreadable; serving the last known workers",
+                            extra={"error": str(exc)[:300], "workers": len(pool.workers)})
             version = None
             await asyncio.sleep(1.0)
             continue
+        if dropped and dropped != unknown_fields:
+            unknown_fields = dropped
+            log.warning("the registry lists fields this router does not know (a newer pdcluster): %s; ignored, "
+                        "upgrade the routers", ", ".join(dropped))
         was_warming_up, warming_up = warming_up, listing.warming_up
         if listing.version != version or warming_up or was_warming_up:
             # A young registry has not heard from every live worker yet: add, but don't drop, until it has. The first

@@ -113,3 +113,18 @@ def test_long_poll_answers_on_the_next_change():
         assert answer["at"] - changed < 10
         listing = answer["listing"]
         assert listing["version"] > version and len(listing["workers"]) == 1
+
+
+def test_a_newer_launchers_registration_is_taken_for_what_this_service_knows(caplog):
+    """A rolling upgrade may start a newer launcher before the bootstrap service: the fields this version does not
+    know are dropped and logged (not a 400 that keeps the worker out of every pool); what it knows is checked as
+    strictly as ever."""
+    newer = registration("d1", forward_tokens_v9=4096, identity={**registration("d1")["identity"], "new_key": 1})
+    with client() as c:
+        assert c.put("/v1/workers/d1", json=newer).status_code == 200
+        listed = c.get("/v1/workers").json()["workers"][0]["registration"]
+        assert "forward_tokens_v9" not in listed and "new_key" not in listed["identity"]
+        assert c.post("/v1/workers/d1/heartbeat", json={"healthy": True, "load_v9": 3}).status_code == 200
+        wrong = c.put("/v1/workers/d1", json={**newer, "context_length": "long"})
+        assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "context_length"
+    assert "forward_tokens_v9" in caplog.text and "identity.new_key" in caplog.text and "load_v9" in caplog.text

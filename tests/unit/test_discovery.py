@@ -20,3 +20,48 @@ def test_a_worker_gone_while_the_registry_was_young_leaves_the_pool_once_it_is_n
         assert until(lambda: set(workers(router)) == {"p"}, timeout=20)  # (register() heartbeats p)
         answer = httpx.post(f"{router}/generate", json={"text": "x"})
         assert answer.status_code == 503, answer.text
+
+
+def test_a_listing_from_a_newer_bootstrap_service_is_followed_for_what_this_router_knows(caplog):
+    """Bootstrap service first in a rolling upgrade: its listing carries fields this router does not know. The
+    router used to refuse the whole listing ("unreachable") and serve only its last known workers."""
+    import asyncio
+
+    from fastapi import FastAPI
+
+    from pdcluster.protocol import WorkerListing
+    from router.config import RouterConfig
+    from router.discovery import follow_registry
+    from router.workers import WorkerPool
+    from tests.fakes import ServerThread
+    from tests.unit.test_bootstrap_service import registration
+
+    row = {"registration": {**registration("d1"), "forward_tokens_v9": 1}, "healthy": True, "registered_at": 0.0,
+           "last_heartbeat": 0.0, "load_v9": {"x": 1}}
+    listing = {"version": 7, "ttl_seconds": 5.0, "uptime_seconds": 60.0, "workers": [row], "shards_v9": []}
+    app = FastAPI()
+
+    @app.get("/v1/workers")
+    async def workers_listed() -> dict:
+        await asyncio.sleep(0.05)
+        return listing
+
+    async def follow(url: str) -> WorkerPool:
+        pool, seen = WorkerPool(admission_check=False), asyncio.Event()
+        async with httpx.AsyncClient() as client:
+            task = asyncio.create_task(follow_registry(RouterConfig(bootstrap_url=url), pool, client, seen))
+            await asyncio.wait_for(seen.wait(), 10)
+            task.cancel()
+        return pool
+
+    with ServerThread(app) as registry:
+        pool = asyncio.run(follow(registry.url))
+    assert list(pool.workers) == ["d1"]
+    assert "shards_v9" in caplog.text and "workers[].load_v9" in caplog.text
+    assert "workers[].registration.forward_tokens_v9" in caplog.text
+    try:
+        WorkerListing.model_validate(listing)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("the protocol's models refuse unknown fields: only from_newer drops them")
