@@ -20,6 +20,7 @@ from bench import procs
 from pdcluster import models
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 from pdcluster.worker import plan
+from pdcluster.worker.registrar import forward_tokens
 
 REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
 
@@ -90,9 +91,19 @@ def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir
 
 
 def workers(cluster: LocalCluster, role: str) -> list[procs.Worker]:
+    """The cluster's workers of `role`, as the routers under test are given them (a static list): a prefill with its
+    largest forward pass from its /server_info, as discovered workers register it (routers share these workers)."""
     group = cluster.spec.prefill if role == "prefill" else cluster.spec.decode
-    return [procs.Worker(f"{role}-{i}", f"http://127.0.0.1:{group.first_port + i}",
-                   group.first_kv_bootstrap_port + i if role == "prefill" else None) for i in range(group.count)]
+    listed = []
+    for i in range(group.count):
+        url = f"http://127.0.0.1:{group.first_port + i}"
+        if role == "prefill":
+            info = httpx.get(f"{url}/server_info", timeout=60).json()
+            listed.append(procs.Worker(f"{role}-{i}", url, group.first_kv_bootstrap_port + i,
+                                       forward_tokens(info, None)))
+        else:
+            listed.append(procs.Worker(f"{role}-{i}", url))
+    return listed
 
 
 def colocated_command(model: BenchModel, port: int, sleep_on_idle: bool) -> tuple[list[str], dict[str, str]]:

@@ -60,6 +60,7 @@ class Worker:
     name: str
     url: str
     kv_bootstrap_port: int | None = None
+    forward_tokens: int | None = None  # a prefill's chunked prefill size, for our router's liveness
 
 
 @dataclass
@@ -145,7 +146,8 @@ def start_ours(name: str, log_dir: Path, prefills: list[Worker], decodes: list[W
     process by default: next to real SGLang workers on 2 cores, they need the other core."""
     port = free_port()
     config = {"host": HOST, "port": port, "bootstrap_url": None,
-              "prefill": [{"url": w.url, "kv_bootstrap_port": w.kv_bootstrap_port} for w in prefills],
+              "prefill": [{"url": w.url, "kv_bootstrap_port": w.kv_bootstrap_port,
+                           **({"forward_tokens": w.forward_tokens} if w.forward_tokens else {})} for w in prefills],
               "decode": [{"url": w.url} for w in decodes],
               "prefill_policy": policy, "decode_policy": "round_robin", "log_level": log_level, "workers": workers}
     path = log_dir / f"{name}.yaml"

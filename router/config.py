@@ -34,6 +34,9 @@ class StaticWorker(BaseModel):
     # workers register theirs; without vocab_size, requests given as token ids are refused).
     vocab_size: int | None = Field(default=None, ge=1)
     context_length: int | None = Field(default=None, ge=1)
+    # A prefill's largest forward pass in prompt tokens (SGLang's chunked_prefill_size; discovered workers register
+    # it): how long its scheduler may be silent (router/liveness.py). Unknown: only this router's prompts count.
+    forward_tokens: int | None = Field(default=None, ge=1)
 
     @field_validator("url")
     @classmethod

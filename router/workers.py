@@ -81,7 +81,8 @@ class Worker:
         url = str(spec.url).rstrip("/")
         host = spec.kv_bootstrap_host or urlparse(url).hostname
         return cls(f"static-{role.value}-{index}", role, url, host if role is Role.PREFILL else None,
-                   spec.kv_bootstrap_port, vocab_size=spec.vocab_size, context_length=spec.context_length, static=True)
+                   spec.kv_bootstrap_port, vocab_size=spec.vocab_size, context_length=spec.context_length,
+                   forward_tokens=spec.forward_tokens, static=True)
 
     @classmethod
     def from_registration(cls, reg: WorkerRegistration) -> Worker:
