@@ -13,8 +13,9 @@ shared memory (no round trip to the scheduler).
   registration), whatever this router has sent it: routers that share the workers (the chart runs two) cannot see
   each other's prompts, and one router's long prompts kept another's /health waiting past stall_timeout
   (bench.cluster on SmolLM2 ejected healthy prefills 14 times in 6 minutes). Between two forward passes the
-  snapshot moves, so one pass is the most a working scheduler is silent. Otherwise (a decode, whose steps are short;
-  a static worker that did not say) the prompts this router has sent it and not yet seen answered.
+  snapshot moves, so one pass is the most a working scheduler is silent. Otherwise (a decode; a static worker that
+  did not say) the prompts this router has sent it and not yet seen answered. Known gap: a decode publishes every 15
+  steps, and with ~1 s steps (SmolLM2, unpinned workers on 2 busy cores) one was ejected while healthy.
 A hung worker is ejected at once and every exchange the data plane has open with it is ended (router/upstream
 connections dropped): a request not yet answered is retried on another pair, a started stream ends with an SSE
 error event. It is readmitted as soon as it answers again with a moving snapshot. Thresholds: docs/faults.md.

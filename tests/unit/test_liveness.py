@@ -108,10 +108,10 @@ def test_a_prefill_shared_with_other_routers_gets_one_whole_forward_pass_whateve
     totals = (5_000_000.0, 1000)  # 5 ms a prompt token: a 4096-token pass is allowed 6 + 3 x 0.005 x 4096 = 67 s
     live.answered(0.0, read_snapshot(snapshot(100.0)), totals)
     live.health_sent(0.0)
+    idle_here = Worker("p", Role.PREFILL, "http://p", forward_tokens=4096)  # this router has nothing on it
     for t in range(1, 67):
         live.answered(float(t), read_snapshot(snapshot(100.0)), totals)
-        assert live.verdict(float(t), CONFIG, silent_tokens(Worker("p", Role.PREFILL, "http://p",
-                                                                   forward_tokens=4096))) == ""
+        assert live.verdict(float(t), CONFIG, silent_tokens(idle_here)) == ""
     assert live.verdict(68.0, CONFIG, 4096).startswith("scheduler made no progress for 68.0s")
 
 
