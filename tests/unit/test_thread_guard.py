@@ -1,0 +1,102 @@
+"""pdcluster/thread_guard.py: an SGLang KV-transfer thread that dies ends the worker (no zombie that the router keeps
+pairing); any other thread's death, and a process without the variable, are left as SGLang has them."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from pdcluster import thread_guard
+from pdcluster.worker.supervisor import Supervisor
+
+# What SGLang 0.5.23's transfer worker raised in CI: a room cleared by the scheduler thread between two lookups.
+DYING_THREAD = "def transfer_worker():\n    raise KeyError(8753473380615765753)\n"
+
+
+def thread_dying_in(filename: str) -> threading.Thread:
+    namespace: dict[str, object] = {}
+    exec(compile(DYING_THREAD, filename, "exec"), namespace)
+    return threading.Thread(target=namespace["transfer_worker"], name="Thread-6 (transfer_worker)")
+
+
+def run_guarded(filename: str) -> tuple[list[str], list[type]]:
+    ended: list[str] = []
+    seen: list[type] = []
+    previous = threading.excepthook
+    threading.excepthook = thread_guard.guard(lambda args: seen.append(args.exc_type), thread_guard.watched_dir(),
+                                              end=lambda: ended.append("ended"))
+    try:
+        thread = thread_dying_in(filename)
+        thread.start()
+        thread.join()
+    finally:
+        threading.excepthook = previous
+    return ended, seen
+
+
+def test_a_transfer_thread_that_dies_ends_the_worker_after_sglangs_own_report():
+    ended, seen = run_guarded(os.path.join(thread_guard.watched_dir(), "mooncake", "conn.py"))
+    assert ended == ["ended"]
+    assert seen == [KeyError]  # the previous hook (SGLang's traceback on stderr) still ran
+
+
+def test_a_thread_dying_elsewhere_is_left_alone():
+    ended, seen = run_guarded(os.path.join(os.path.dirname(thread_guard.watched_dir().rstrip(os.sep)), "managers",
+                                           "scheduler.py"))
+    assert ended == []
+    assert seen == [KeyError]
+
+
+def test_off_without_the_variable_and_installed_once_with_it(monkeypatch):
+    original = threading.excepthook
+    monkeypatch.setattr(threading, "excepthook", original)
+    monkeypatch.delenv(thread_guard.ENV_VAR, raising=False)
+    thread_guard.register()
+    assert threading.excepthook is original
+
+    monkeypatch.setenv(thread_guard.ENV_VAR, "1")
+    thread_guard.register()
+    installed = threading.excepthook
+    thread_guard.register()  # SGLang calls register() again in each child it forks
+    assert installed is not original and threading.excepthook is installed
+
+
+def test_the_guard_refuses_to_start_when_sglang_has_no_disaggregation_package(monkeypatch):
+    monkeypatch.setattr(thread_guard, "WATCHED_PACKAGE", "sglang.srt.no_such_package")
+    with pytest.raises(SystemExit, match=r"no package sglang\.srt\.no_such_package"):
+        thread_guard.watched_dir()
+
+
+# The real chain with real processes: the launcher's Supervisor starts a stand-in for SGLang's main process (its
+# SIGQUIT handler ends its tree, as SGLang's does), which starts a "scheduler" whose transfer thread dies.
+FAKE_SCHEDULER = textwrap.dedent(f"""
+    import os, threading, time
+    from pdcluster import thread_guard
+    thread_guard.register()
+    namespace = {{}}
+    exec(compile({DYING_THREAD!r}, os.path.join(thread_guard.watched_dir(), "mooncake", "conn.py"), "exec"),
+         namespace)
+    threading.Thread(target=namespace["transfer_worker"]).start()
+    time.sleep(600)
+""")
+FAKE_SGLANG_MAIN = textwrap.dedent(f"""
+    # stands in for sglang.launch_server
+    import os, signal, subprocess, sys, time
+    scheduler = subprocess.Popen([sys.executable, "-c", {FAKE_SCHEDULER!r}])
+    def on_sigquit(*_):
+        scheduler.kill()
+        os._exit(7)
+    signal.signal(signal.SIGQUIT, on_sigquit)
+    time.sleep(600)
+""")
+
+
+def test_the_launcher_sees_sglang_end_when_a_transfer_thread_dies():
+    env = {**os.environ, thread_guard.ENV_VAR: "1", "PYTHONPATH": os.getcwd()}
+    # Without the guard the stand-in sleeps its 600 s and ends with status 0 (or the suite's timeout ends it first).
+    assert Supervisor([sys.executable, "-c", FAKE_SGLANG_MAIN], env).run() == 7
+
