@@ -14,8 +14,10 @@ shared memory (no round trip to the scheduler).
   each other's prompts, and one router's long prompts kept another's /health waiting past stall_timeout
   (bench.cluster on SmolLM2 ejected healthy prefills 14 times in 6 minutes). Between two forward passes the
   snapshot moves, so one pass is the most a working scheduler is silent. Otherwise (a decode; a static worker that
-  did not say) the prompts this router has sent it and not yet seen answered. Known gap: a decode publishes every 15
-  steps, and with ~1 s steps (SmolLM2, unpinned workers on 2 busy cores) one was ejected while healthy.
+  did not say) the prompts this router has sent it and not yet seen answered. And whatever the role, a working
+  scheduler may stay as silent as it was between its snapshots while busy (SAFETY x the longest of its last
+  BUSY_GAPS such gaps): a decode publishes every 15 steps, and with ~1 s steps (SmolLM2, unpinned workers on 2 busy
+  cores) a healthy decode was ejected at 6 s with 6 streams on it (bench.cluster).
 A hung worker is ejected at once and every exchange the data plane has open with it is ended (router/upstream
 connections dropped): a request not yet answered is retried on another pair, a started stream ends with an SSE
 error event. It is readmitted as soon as it answers again with a moving snapshot. Thresholds: docs/faults.md.
@@ -26,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -50,6 +53,9 @@ MIN_RATE_TOKENS = 256
 # Long prompts cost more per token than the average (attention grows with the length), and a busy machine slows
 # every forward pass: the estimate is multiplied by this before a silent worker is judged stuck.
 SAFETY = 3.0
+# How many of a worker's latest gaps between snapshots while busy its allowance remembers: a few publish intervals,
+# so one slow stretch (a burst of load) widens it for a while and then lets go.
+BUSY_GAPS = 8
 
 
 def read_prefill_totals(payload: Any) -> tuple[float, int] | None:
@@ -73,6 +79,14 @@ def read_snapshot(payload: Any) -> tuple | None:
     return stamps or None
 
 
+def read_running(payload: Any) -> int | None:
+    """The requests a /v1/loads answer says are running (summed over ranks), or None."""
+    try:
+        return int(sum(load["num_running_reqs"] for load in payload["loads"]))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
 @dataclass(eq=False)
 class Liveness:
     """What the router has seen of one worker's liveness, on its own clock (time.monotonic)."""
@@ -84,12 +98,20 @@ class Liveness:
     reason: str = ""  # why it is hung, "" while it is live
     task: asyncio.Task | None = None
     seconds_per_token: float = DEFAULT_SECONDS_PER_TOKEN  # the worker's own prefill cost, once it has enough of it
+    running: bool = False  # its latest snapshot showed requests running
+    busy_gaps: deque = field(default_factory=lambda: deque(maxlen=BUSY_GAPS))  # seconds between snapshots, busy
     _totals: tuple[float, int] | None = None
 
-    def answered(self, now: float, stamps: tuple | None, totals: tuple[float, int] | None = None) -> None:
+    def answered(self, now: float, stamps: tuple | None, totals: tuple[float, int] | None = None,
+                 running: int | None = None) -> None:
         self.last_answer = now
         if stamps is not None and stamps != self.stamps:
+            # A gap that ended while it was judged hung is not a working scheduler's (SIGSTOP, a wedge).
+            if self.running and not self.reason and self.stamps is not None:
+                self.busy_gaps.append(now - self.last_progress)
             self.stamps, self.last_progress = stamps, now
+            if running is not None:
+                self.running = running > 0
         if totals is not None and totals != self._totals:
             self._totals = totals
             busy_us, tokens = totals
@@ -110,10 +132,15 @@ class Liveness:
         if self.waiting_since is not None:
             self.waiting_since += seconds
 
+    @property
+    def busy_gap(self) -> float:
+        return max(self.busy_gaps, default=0.0)
+
     def allowance(self, config: RouterConfig, pending_tokens: int) -> float:
         """How long the scheduler may be silent: stall_timeout, plus what a forward pass of `pending_tokens` prompt
-        tokens may take."""
-        return config.stall_timeout + SAFETY * self.seconds_per_token * max(0, pending_tokens)
+        tokens may take or, if longer, what it was seen to take between snapshots while busy."""
+        forward = self.seconds_per_token * max(0, pending_tokens)
+        return config.stall_timeout + SAFETY * max(forward, self.busy_gap)
 
     def verdict(self, now: float, config: RouterConfig, pending_tokens: int = 0) -> str:
         """Why the worker is hung, or "" if it is live. `pending_tokens`: the prompt tokens a forward pass in
@@ -126,7 +153,8 @@ class Liveness:
             allowed = self.allowance(config, pending_tokens)
             if stalled > allowed:
                 return (f"scheduler made no progress for {stalled:.1f}s (/health waiting, load snapshot still; "
-                        f"allowed {allowed:.1f}s for a forward pass of up to ~{pending_tokens} prompt tokens)")
+                        f"allowed {allowed:.1f}s for a forward pass of up to ~{pending_tokens} prompt tokens, or "
+                        f"{SAFETY:g}x its longest gap between snapshots while busy, {self.busy_gap:.1f}s)")
         return ""
 
 
@@ -193,14 +221,14 @@ class LivenessWatch:
                                              timeout=self.config.liveness_timeout)
         except httpx.HTTPError:
             return
-        stamps = totals = None
+        stamps = totals = running = None
         if response.status_code == 200:
             try:
                 payload = response.json()
             except ValueError:
                 payload = None
-            stamps, totals = read_snapshot(payload), read_prefill_totals(payload)
-        live.answered(self.clock(), stamps, totals)
+            stamps, totals, running = read_snapshot(payload), read_prefill_totals(payload), read_running(payload)
+        live.answered(self.clock(), stamps, totals, running)
         self.judge(worker, live)  # readmit at once, not at the next tick
 
     def judge(self, worker: Worker, live: Liveness) -> None:

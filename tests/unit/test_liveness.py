@@ -24,6 +24,7 @@ from router.liveness import (
     Liveness,
     LivenessWatch,
     read_prefill_totals,
+    read_running,
     read_snapshot,
     silent_tokens,
 )
@@ -113,6 +114,50 @@ def test_a_prefill_shared_with_other_routers_gets_one_whole_forward_pass_whateve
         live.answered(float(t), read_snapshot(snapshot(100.0)), totals)
         assert live.verdict(float(t), CONFIG, silent_tokens(idle_here)) == ""
     assert live.verdict(68.0, CONFIG, 4096).startswith("scheduler made no progress for 68.0s")
+
+
+def snapshot_of(stamp: float, running: int) -> dict:
+    return {"loads": [{"timestamp": stamp, "num_running_reqs": running, "num_waiting_reqs": 0}]}
+
+
+def feed(live: Liveness, t: float, stamp: float, running: int) -> None:
+    payload = snapshot_of(stamp, running)
+    live.answered(t, read_snapshot(payload), None, read_running(payload))
+
+
+def test_a_decode_with_slow_steps_may_be_as_silent_as_it_was_between_its_snapshots():
+    """bench.cluster on SmolLM2: decode steps of ~1 s with 6 streams, a snapshot every 15 steps, and a /health that
+    waited past 6 s: the healthy decode was ejected and its 6 streams ended. What it was seen to take between two
+    snapshots while busy (15 s here) is what it may be silent for, x SAFETY; a decode with fast steps is still
+    judged at stall_timeout, and neither an idle gap nor a gap that ended while it was hung counts."""
+    slow = Liveness(last_answer=0.0, last_progress=0.0)
+    for publish in range(4):  # busy: a snapshot every 15 s
+        feed(slow, 15.0 * publish, 100.0 + 15 * publish, running=6)
+    assert slow.busy_gap == 15.0
+    slow.health_sent(45.0)
+    for t in range(46, 45 + 51):
+        slow.answered(float(t), slow.stamps)
+        assert slow.verdict(float(t), CONFIG) == ""  # 6 + 3 x 15 = 51 s allowed
+    assert slow.verdict(97.0, CONFIG).startswith("scheduler made no progress for 52.0s")
+    assert "3x its longest gap between snapshots while busy, 15.0s" in slow.verdict(97.0, CONFIG)
+
+    fast = Liveness(last_answer=0.0, last_progress=0.0)
+    for i in range(20):
+        feed(fast, 0.5 * i, 100.0 + i, running=2)
+    feed(fast, 10.0, 130.0, running=0)  # the requests finished: the idle transition publishes
+    feed(fast, 300.0, 140.0, running=1)  # idle for 290 s: not a busy gap
+    assert fast.busy_gap == 0.5
+    fast.health_sent(300.0)
+    fast.answered(307.5, fast.stamps)  # its HTTP side answers; the scheduler is stuck
+    assert fast.verdict(307.6, CONFIG).startswith("scheduler made no progress for 7.6s")  # allowed 6 + 3 x 0.5
+
+    stopped = Liveness(last_answer=0.0, last_progress=0.0)
+    feed(stopped, 0.0, 100.0, running=3)
+    stopped.reason = "no answer to liveness probes for 5.1s"  # SIGSTOPped for a minute, then SIGCONT
+    feed(stopped, 60.0, 101.0, running=3)
+    assert stopped.busy_gap == 0.0
+    assert read_running({"loads": [{"num_running_reqs": 2}, {"num_running_reqs": 1}]}) == 3
+    assert read_running({"loads": [{"timestamp": 1.0}]}) is None
 
 
 def test_before_a_worker_has_prefilled_much_its_cost_per_token_is_taken_to_be_high():
