@@ -4,6 +4,7 @@ pairing); any other thread's death, and a process without the variable, are left
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
 import threading
@@ -100,3 +101,12 @@ def test_the_launcher_sees_sglang_end_when_a_transfer_thread_dies():
     # Without the guard the stand-in sleeps its 600 s and ends with status 0 (or the suite's timeout ends it first).
     assert Supervisor([sys.executable, "-c", FAKE_SGLANG_MAIN], env).run() == 7
 
+
+
+def test_sglangs_own_plugin_loader_installs_the_guard():
+    """What SGLang runs in its main process and each child: the entry point (pyproject.toml) is wired."""
+    code = ("import threading; from sglang.srt.plugins import load_plugins; load_plugins(); "
+            "print(getattr(threading.excepthook, 'pdcluster_guard', False))")
+    env = {**os.environ, thread_guard.ENV_VAR: "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-2000:]
