@@ -4,8 +4,10 @@ and the "how busy were the others" and "how fast was the machine" figures record
 from __future__ import annotations
 
 import hashlib
+import os
 import statistics
 import time
+from collections import Counter, defaultdict
 
 import psutil
 
@@ -75,13 +77,39 @@ def _per_process(pids: dict[str, int]) -> dict[str, tuple[psutil.Process, float]
     return found
 
 
+def _per_thread_kind(pids: dict[str, int]) -> tuple[dict[str, float], Counter]:
+    """CPU seconds and thread counts per (tree, process name, thread name): threads of one kind wake alike (torch's
+    gloo event loops, ZMQ's I/O threads), so a kind's sum says what its wake-ups cost."""
+    seconds: dict[str, float] = defaultdict(float)
+    threads: Counter = Counter()
+    tick = os.sysconf("SC_CLK_TCK")
+    for name, pid in pids.items():
+        for p in tree(pid):
+            try:
+                process = p.name()
+                for tid in os.listdir(f"/proc/{p.pid}/task"):
+                    with open(f"/proc/{p.pid}/task/{tid}/stat") as f:
+                        stat = f.read()
+                    thread = stat[stat.index("(") + 1:stat.rindex(")")]
+                    fields = stat[stat.rindex(")") + 2:].split()
+                    key = f"{name} {process} {thread}"
+                    seconds[key] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+                    threads[key] += 1
+            except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+                pass
+    return seconds, threads
+
+
 def measure_idle(pids: dict[str, int], seconds: float) -> dict:
     """Cores each process tree used while nothing was asked of it (its health probes, heartbeats, polling), and
     which processes of the trees used them (SGLang names its scheduler and detokenizer processes)."""
-    window, before = Window(pids), _per_process(pids)
+    window, before, threads_before = Window(pids), _per_process(pids), _per_thread_kind(pids)[0]
     time.sleep(seconds)
-    after = _per_process(pids)
+    after, (threads_after, counts) = _per_process(pids), _per_thread_kind(pids)
     cores = window.cores()
     busiest = {k: round((after[k][1] - before[k][1]) / cores["seconds"], 4) for k in after if k in before}
     cores["per_process"] = dict(sorted(((k, v) for k, v in busiest.items() if v >= 0.002), key=lambda kv: -kv[1]))
+    kinds = {f"{k} x{counts[k]}": round((threads_after[k] - threads_before[k]) / cores["seconds"], 4)
+             for k in threads_after if k in threads_before}
+    cores["per_thread_kind"] = dict(sorted(((k, v) for k, v in kinds.items() if v >= 0.001), key=lambda kv: -kv[1]))
     return cores
