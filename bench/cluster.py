@@ -40,11 +40,13 @@ BUSY_POLL_LOADS = ("random", "serial")  # what the sleep-on-idle off session run
 WARM_UP = serving.random_ids("warm-up", 8, rate=None, concurrency=4)
 
 
-def loads(quick: bool, busy_poll: bool = False) -> dict[str, serving.Workload]:
+def loads(quick: bool, busy_poll: bool = False,
+          full: tuple[int, int, int] = (120, 36, 40)) -> dict[str, serving.Workload]:
     """Runs are long enough that their start and end (ramp-up, the last request alone) do not decide a run's rate:
     with 40 random prompts a colocated run lasted 1.2-2 s and its repeats spread 61%. The busy-poll session keeps
-    the short counts: at ~1 request/s there they already take 30-40 s."""
-    random_n, serial_n, groups = (12, 6, 6) if quick else (40, 12, 40) if busy_poll else (120, 36, 40)
+    the short counts: at ~1 request/s there they already take 30-40 s. `full`: a full run's (random prompts, serial
+    prompts, prefix groups), the model's (cluster_targets.BenchModel.prompts)."""
+    random_n, serial_n, groups = (12, 6, 6) if quick else (40, 12, 40) if busy_poll else full
     return {
         # The comparison load: a closed loop of 6 requests in flight, more than a PD pair on 2 cores keeps up with
         # (~5-6 requests/s here), so throughput is each target's capacity and latency includes its queueing.
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_plot.draw_idle(result, Path(f"{path}.png"))
         log(f"wrote {path}.json and {path}.png")
         return 0
-    load = loads(args.quick)
+    load = loads(args.quick, full=model.prompts)
     runs, idle_cpu = [], {}
     if args.no_busy_poll or not model.busy_poll_session:
         log("sleep-on-idle off session skipped" + ("" if args.no_busy_poll else f" for {args.model} (see "

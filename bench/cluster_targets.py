@@ -41,6 +41,9 @@ class BenchModel:
     # a quiet machine), the decode's snapshot still for > 30 s over one running request, the router ejecting the
     # prefill as hung 5 times in 10 minutes, and 40 requests not done after 12 minutes.
     busy_poll_session: bool = True
+    # A full run's random prompts, serial prompts and shared-prefix groups (bench.cluster.loads). Each run must last
+    # long enough for its ramp-up and tail not to decide its rate, and a whole run of 3 repeats should fit in ~1 h.
+    prompts: tuple[int, int, int] = (120, 36, 40)
 
 
 MODELS = {
@@ -49,7 +52,10 @@ MODELS = {
     # SmolLM2-135M-Instruct (30 layers), what make up serves: configs/prefill.yaml and decode.yaml as they are.
     # Unloaded PD (--quick, 2 cores): TTFT ~600 ms, TPOT ~60 ms.
     "smollm2": BenchModel(models.SMOLLM2, "smollm2-135m-instruct", plan.CPU_FLAGS["max-total-tokens"],
-                          {"ttft": 2500.0, "tpot": 250.0}, busy_poll_session=False),
+                          {"ttft": 2500.0, "tpot": 250.0}, busy_poll_session=False,
+                          # At ~0.16 requests/s through PD (2026-11-25), the demo model's counts made one repeat 67
+                          # minutes; these keep each PD run over 3 minutes and the whole run ~1 h.
+                          prompts=(30, 10, 16)),
 }
 # 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), tests/chaos (38xxx), persistence (29xxx).
 PORTS = {"router": 27000, "bootstrap": 27998, "prefill": 27100, "kv_bootstrap": 27300, "decode": 27200,
