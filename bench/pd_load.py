@@ -1,4 +1,9 @@
-"""bench.pd's load: K closed-loop clients streaming long answers from short prompts, and long prompts at a steady rate.
+"""bench.pd's load: K closed-loop clients streaming long answers from short prompts, long prompts at a steady rate,
+and open-loop probes: a short prompt every `probe_period` s, sent at its time whatever is running.
+
+The probes are what a short prompt's TTFT is judged by: the streams' own requests are a closed loop, so in a
+colocated server, where a long prompt's prefill stops every stream, no stream ends and no stream request arrives
+while one runs (bench/README: "the benchmark's blind spot"); a probe arrives whenever its time comes.
 
 Every request goes to SGLang's native `/generate` with `"stream": true` (through our router in PD mode), as token
 ids drawn at random (each prompt its own, so that no radix cache turns a prefill into a hit). A request's record
@@ -27,11 +32,13 @@ class Shape:
     long_len: int = 2000
     long_tokens: int = 4
     vocab: int = 49152
+    probe_period: float | None = 1.5  # seconds between open-loop short prompts (None: none)
+    probe_tokens: int = 4
 
 
 @dataclass
 class Record:
-    kind: str  # "stream" | "long"
+    kind: str  # "stream" | "long" | "probe"
     started: float
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (time, completion_tokens so far)
     ended: float | None = None
@@ -112,8 +119,22 @@ async def run_cell(url: str, shape: Shape, period: float | None, warmup: float, 
                                                       shape.long_tokens, rec)))
                 k += 1
 
+        async def probes(tasks: list) -> None:
+            k = 0
+            while shape.probe_period:
+                # Offset from the long prompts' times, so that probes land at every point of a long prefill.
+                at = start + 1.5 + k * shape.probe_period
+                if at >= t1:
+                    return
+                await asyncio.sleep(max(0.0, at - time.monotonic()))
+                rec = Record("probe", time.monotonic())
+                records.append(rec)
+                tasks.append(asyncio.create_task(_one(client, _ids(rng, shape.short_len, shape.vocab),
+                                                      shape.probe_tokens, rec)))
+                k += 1
+
         tasks: list[asyncio.Task] = [asyncio.create_task(streamer()) for _ in range(shape.streams)]
-        await long_prompts(tasks)
+        await asyncio.gather(long_prompts(tasks), probes(tasks))
         await asyncio.sleep(max(0.0, t1 - time.monotonic()))
         _, pending = await asyncio.wait(tasks, timeout=drain)
         for task in pending:
@@ -149,9 +170,13 @@ def summarize(records: list[Record], t0: float, t1: float) -> dict:
     done = [r for r in streams if not r.error and r.ended is not None and t0 <= r.ended < t1]
     ttft_short = [r.first - r.started for r in streams if t0 <= r.started < t1 and r.first is not None]
     ttft_long = [r.first - r.started for r in longs if r.first is not None]
+    probes = [r for r in records if r.kind == "probe" and t0 <= r.started < t1]
+    ttft_probe = [r.first - r.started for r in probes if r.first is not None]
     return {
         "window_s": round(t1 - t0, 2),
         "itl_ms": _ms(itl), "ttft_short_ms": _ms(ttft_short), "ttft_long_ms": _ms(ttft_long),
+        "ttft_probe_ms": _ms(ttft_probe), "probes_sent": len(probes),
+        "probes_unanswered": sum(1 for r in probes if r.first is None),
         "output_tokens_per_s": round(tokens / (t1 - t0), 2),
         "streams_completed": len(done), "streams_per_s": round(len(done) / (t1 - t0), 4),
         "stream_itl_p99_ms": [round(1000 * pct([g for _, g in r.gaps()], 99), 1) for r in done if r.gaps()],
