@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,7 +139,18 @@ def wait_generates(proc: procs.Proc, timeout: float = 600) -> float:
     return procs.wait_ready(proc, lambda: procs.generate_ok(proc.port), timeout)
 
 
-def flush_caches(urls: list[str]) -> None:
-    """Empty every worker's radix cache, so no run profits from the prompts of the one before."""
+def flush_caches(urls: list[str], within: float = 120.0) -> None:
+    """Empty every worker's radix cache, so no run profits from the prompts of the one before. SGLang refuses (400,
+    "Cache not flushed because there are pending requests") while anything is queued, a probe or the last request's
+    hand-off included: once that went unnoticed and a run got the previous run's prompts as cache hits (3x the
+    requests/s of its repeats), so a refusal is retried, and a worker that never flushes stops the benchmark."""
     for url in urls:
-        httpx.post(f"{url}/flush_cache", timeout=30)
+        deadline = time.monotonic() + within
+        while True:
+            response = httpx.post(f"{url}/flush_cache", timeout=30)
+            if response.status_code == 200:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not flush its cache within {within:.0f} s: {response.status_code} "
+                                   f"{response.text[:200]!r}")
+            time.sleep(1.0)
