@@ -50,17 +50,22 @@ def raised_in(tb: TracebackType | None, directory: str) -> bool:
 
 def end_sglang() -> None:
     """SIGQUIT to SGLang's main process: its handler kills its whole tree (SGLang's own way for a failed child).
-    The launcher starts SGLang in a session of its own, so the main process leads this process group; when the
-    leader is not SGLang (someone set the variable by hand), this process's parent is told, as SGLang's scheduler
-    does."""
+    The launcher starts SGLang in a session of its own, so the main process leads this process group. When the
+    leader is not SGLang (someone set the variable by hand), the outermost SGLang process above this one (or this
+    one) is told: never a shell or a supervisor that is not SGLang's."""
     import psutil  # SGLang's own dependency
 
-    leader = os.getpgrp()
-    with contextlib.suppress(psutil.Error):
-        if "sglang" in " ".join(psutil.Process(leader).cmdline()):
-            os.kill(leader, signal.SIGQUIT)
-            return
-    os.kill(os.getppid(), signal.SIGQUIT)
+    def is_sglang(process: psutil.Process) -> bool:
+        with contextlib.suppress(psutil.Error):
+            return "sglang" in " ".join(process.cmdline())
+        return False
+
+    target = psutil.Process(os.getpgrp())
+    if not is_sglang(target):
+        target = psutil.Process()
+        while (parent := target.parent()) is not None and is_sglang(parent):
+            target = parent
+    os.kill(target.pid, signal.SIGQUIT)
 
 
 def guard(previous: Callable[[threading.ExceptHookArgs], object], directory: str,

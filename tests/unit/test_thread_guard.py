@@ -110,3 +110,13 @@ def test_sglangs_own_plugin_loader_installs_the_guard():
     env = {**os.environ, thread_guard.ENV_VAR: "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-2000:]
+
+
+def test_without_the_launchers_session_the_outermost_sglang_process_is_told_never_its_parent():
+    """SGLang started by hand with the variable set: the process group is not SGLang's. The stand-in's parent is a
+    plain process (no "sglang" in its command line), which must outlive the stand-in's end and report it."""
+    wrapper = ("import os, subprocess, sys; "
+               "sys.exit(subprocess.call([sys.executable, '-c', os.environ['STAND_IN']]))")
+    env = {**os.environ, thread_guard.ENV_VAR: "1", "PYTHONPATH": os.getcwd(), "STAND_IN": FAKE_SGLANG_MAIN}
+    done = subprocess.run([sys.executable, "-c", wrapper], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 7, done.stderr[-2000:]  # the stand-in's SIGQUIT handler ran; the wrapper was spared
