@@ -178,6 +178,8 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
         env_added["PDCLUSTER_CPU_HICACHE"] = "1"  # pdcluster/cpu_hicache (an SGLang plugin) adapts HiCache to CPU
     if cpu:  # pdcluster/cpu_attention (an SGLang plugin): extend attention of the new tokens only
         env_added[CPU_ATTENTION_ENV] = "1" if cluster.cpu_attention else "0"
+        # pdcluster/cpu_transfer_race (an SGLang plugin): the prefill's transfer loop survives SGLang's clean-up race
+        env_added["PDCLUSTER_CPU_TRANSFER_RACE"] = "1"
     if stored is not None:
         env_added.update(_kv_store_env(stored, ns.tp_size * ns.pp_size))
     cores = checks.check_cpus(cluster)
