@@ -74,6 +74,12 @@ class Registry:
         await self._bump()
         return True
 
+    def forgive(self, seconds: float) -> None:
+        """Time during which this service did not run (a stopped or starved process) counts against no worker: their
+        heartbeats of that time wait, unread, in its sockets."""
+        for status in self._workers.values():
+            status.last_heartbeat += seconds
+
     async def expire(self) -> None:
         cutoff = time.time() - self.ttl
         dead = [wid for wid, status in self._workers.items() if status.last_heartbeat < cutoff]
