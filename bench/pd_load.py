@@ -106,35 +106,24 @@ async def run_cell(url: str, shape: Shape, period: float | None, warmup: float, 
                 if rec.error:
                     await asyncio.sleep(0.5)  # do not spin on a target that refuses
 
-        async def long_prompts(tasks: list) -> None:
+        async def open_loop(kind: str, first: float, every: float | None, length: int, new_tokens: int,
+                            tasks: list) -> None:
+            """A request of `kind` every `every` s from `first` s after the start, whatever is running."""
             k = 0
-            while period:
-                at = start + 1.0 + k * period
+            while every:
+                at = start + first + k * every
                 if at >= t1:
                     return
                 await asyncio.sleep(max(0.0, at - time.monotonic()))
-                rec = Record("long", time.monotonic())
+                rec = Record(kind, time.monotonic())
                 records.append(rec)
-                tasks.append(asyncio.create_task(_one(client, _ids(rng, shape.long_len, shape.vocab),
-                                                      shape.long_tokens, rec)))
-                k += 1
-
-        async def probes(tasks: list) -> None:
-            k = 0
-            while shape.probe_period:
-                # Offset from the long prompts' times, so that probes land at every point of a long prefill.
-                at = start + 1.5 + k * shape.probe_period
-                if at >= t1:
-                    return
-                await asyncio.sleep(max(0.0, at - time.monotonic()))
-                rec = Record("probe", time.monotonic())
-                records.append(rec)
-                tasks.append(asyncio.create_task(_one(client, _ids(rng, shape.short_len, shape.vocab),
-                                                      shape.probe_tokens, rec)))
+                tasks.append(asyncio.create_task(_one(client, _ids(rng, length, shape.vocab), new_tokens, rec)))
                 k += 1
 
         tasks: list[asyncio.Task] = [asyncio.create_task(streamer()) for _ in range(shape.streams)]
-        await asyncio.gather(long_prompts(tasks), probes(tasks))
+        # Probes are offset from the long prompts' times, so that they land at every point of a long prefill.
+        await asyncio.gather(open_loop("long", 1.0, period, shape.long_len, shape.long_tokens, tasks),
+                             open_loop("probe", 1.5, shape.probe_period, shape.short_len, shape.probe_tokens, tasks))
         await asyncio.sleep(max(0.0, t1 - time.monotonic()))
         _, pending = await asyncio.wait(tasks, timeout=drain)
         for task in pending:
