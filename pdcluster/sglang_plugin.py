@@ -43,6 +43,14 @@ class IncompatibleSGLang(RuntimeError):
     """An SGLang internal a plugin adapts is missing or has changed: the plugin refuses to start."""
 
 
+def refuse(plugin: str, env_var: str, what: str, written_for: str, instead: str) -> NoReturn:
+    """A plugin's refusal, one wording for all: which plugin, what changed, the SGLang it was written for, and
+    `instead` (what the operator can do, after "against this version")."""
+    raise IncompatibleSGLang(
+        f"pdcluster {plugin} ({env_var}=1) cannot adapt SGLang {sglang_version()}: {what}. It was written for SGLang "
+        f"{written_for}; re-check pdcluster/{plugin} against this version{instead}")
+
+
 def sglang_version() -> str:
     try:
         return getattr(importlib.import_module("sglang"), "__version__", "unknown")

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from pdcluster.cpu_attention import ops
-from pdcluster.sglang_plugin import IncompatibleSGLang, import_module, sglang_version
+from pdcluster.sglang_plugin import import_module, refuse
 
 BACKEND = "sglang.srt.layers.attention.torch_native_backend"
 CLASS, METHOD, CALLER = "TorchNativeAttnBackend", "_run_sdpa_forward_extend", "forward_extend"
@@ -37,10 +37,8 @@ logger = logging.getLogger(__name__)
 
 
 def _fail(what: str) -> NoReturn:
-    raise IncompatibleSGLang(
-        f"pdcluster cpu_attention (PDCLUSTER_CPU_ATTENTION=1) cannot adapt SGLang {sglang_version()}: {what}. It "
-        f"was written for SGLang {WRITTEN_FOR}; re-check pdcluster/cpu_attention against this version, or turn it off "
-        "(cluster.cpu_attention: false) to run SGLang's own CPU attention")
+    refuse("cpu_attention", "PDCLUSTER_CPU_ATTENTION", what, WRITTEN_FOR,
+           ", or turn it off (cluster.cpu_attention: false) to run SGLang's own CPU attention")
 
 
 def _module(name: str) -> ModuleType:

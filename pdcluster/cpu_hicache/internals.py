@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from pdcluster.cpu_hicache import ops
-from pdcluster.sglang_plugin import IncompatibleSGLang, import_module, sglang_version
+from pdcluster.sglang_plugin import import_module, refuse
 
 BASE, MHA, CONTROLLER = ("sglang.srt.mem_cache.pool_host.base", "sglang.srt.mem_cache.pool_host.mha",
                          "sglang.srt.managers.cache_controller")
@@ -30,10 +30,7 @@ _undo: list[tuple[Any, str, Any]] = []
 
 
 def _fail(what: str) -> NoReturn:
-    raise IncompatibleSGLang(
-        f"pdcluster cpu_hicache (PDCLUSTER_CPU_HICACHE=1) cannot adapt SGLang {sglang_version()}: {what}. It was "
-        f"written for SGLang {WRITTEN_FOR}; re-check pdcluster/cpu_hicache against this version, or run HiCache on "
-        "a GPU")
+    refuse("cpu_hicache", "PDCLUSTER_CPU_HICACHE", what, WRITTEN_FOR, ", or run HiCache on a GPU")
 
 
 def _module(name: str) -> ModuleType:

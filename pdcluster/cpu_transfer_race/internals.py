@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from pdcluster.cpu_attention.internals import fingerprint
-from pdcluster.sglang_plugin import IncompatibleSGLang, import_module, sglang_version
+from pdcluster.sglang_plugin import import_module, refuse, sglang_version
 
 MODULE, CLASS, METHOD = "sglang.srt.disaggregation.mooncake.conn", "MooncakeKVManager", "transfer_worker"
 # sha256 of ast.dump of the method without its docstring, as SGLang 0.5.23 ships it.
@@ -19,10 +19,8 @@ logger = logging.getLogger(__name__)
 
 
 def _fail(what: str) -> NoReturn:
-    raise IncompatibleSGLang(
-        f"pdcluster cpu_transfer_race (PDCLUSTER_CPU_TRANSFER_RACE=1) cannot adapt SGLang {sglang_version()}: {what}. "
-        f"It was written for SGLang {WRITTEN_FOR}; re-check pdcluster/cpu_transfer_race against this version (the "
-        "race may be fixed there), or unset the variable")
+    refuse("cpu_transfer_race", "PDCLUSTER_CPU_TRANSFER_RACE", what, WRITTEN_FOR,
+           " (the race may be fixed there), or unset the variable")
 
 
 def raced_room(exc: BaseException, request_status: Any) -> int | None:
