@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import tempfile
 import time
 from pathlib import Path
@@ -89,11 +90,12 @@ def start(args, model: targets.BenchModel, log_dir: Path) -> tuple[dict, list]:
         procs.wait_ready(fake, lambda: procs.request(fake.port, "GET", "/health")[0] == 200, 30)
         return {m: (fake.url, [], {"fake": Tree(fake.popen.pid)}) for m in ("colocated", "pd")}, [fake]
     metrics = ["--enable-metrics"]
-    colocated = targets.start_colocated(model, log_dir, sleep_on_idle=True, extra_args=metrics)
+    colocated = targets.start_colocated(model, log_dir, sleep_on_idle=True,
+                                        extra_args=[*metrics, *shlex.split(args.colocated_args)])
     stop: list = [colocated]
     try:
         cluster = targets.start_cluster(model, 1, sleep_on_idle=True, log_dir=log_dir / "pd", extra_args={
-            "prefill": ["--cluster", f"cpus={args.cores[0]}", *metrics],
+            "prefill": ["--cluster", f"cpus={args.cores[0]}", *metrics, *shlex.split(args.prefill_args)],
             "decode": ["--cluster", f"cpus={args.cores[1]}", *metrics]})
         stop.append(cluster)
         cluster.wait_ready()
@@ -169,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--long-len", type=int, default=2000)
     parser.add_argument("--cores", nargs=2, type=int, default=[0, 1], help="the prefill's and the decode's core")
+    parser.add_argument("--prefill-args", default="", help="SGLang options for PD's prefill, e.g. its scheduling")
+    parser.add_argument("--colocated-args", default="", help="SGLang options for the colocated server")
     parser.add_argument("--quick", action="store_true", help="a ~5 minute check of the harness")
     parser.add_argument("--dry-run", action="store_true", help="against bench/fake_worker.py, no SGLang")
     parser.add_argument("--out", default=None, help="results path without extension")
@@ -190,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {"started_utc": began, "wall_seconds": round(time.monotonic() - t0), "machine": machine,
               "settings": {"periods_s": args.periods, "duration_s": args.duration, "warmup_s": args.warmup,
                            "drain_s": args.drain, "repeats": args.repeats, "cores": args.cores,
+                           "prefill_args": args.prefill_args, "colocated_args": args.colocated_args,
                            "shape": vars(args.shape), "dry_run": args.dry_run},
               "models": {name: {**run, "derived": pd_report.derive(run["cells"])} for name, run in runs.items()}}
     out.parent.mkdir(parents=True, exist_ok=True)
