@@ -161,7 +161,9 @@ def run(path: Path, name: str, lengths: tuple[int, ...], repeats: int) -> dict:
 
     info = {"name": name, **model_info(path, lengths[-1])}
     vocab, positions = info["vocab_size"], info["max_positions"]
-    chat_len = max(n for n in lengths if n + CHAT_ANSWER + CHAT_NEXT < positions)
+    # The chat's first turn is the longest prompt that leaves room for the answer and the next turn; when every
+    # length is too long for that (`--lengths 8000` on SmolLM2), half the context, as the full run's 4096 there.
+    chat_len = max((n for n in lengths if n + CHAT_ANSWER + CHAT_NEXT < positions), default=positions // 2)
     shutil.rmtree(WORK, ignore_errors=True)
     sides = {mode: Side(path, mode) for mode in MODES}
     print(f"bench: starting two clusters, cpu_attention on and off (logs in {WORK}/<mode>/logs) ...", flush=True)
