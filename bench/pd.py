@@ -5,7 +5,8 @@ tokens) arrive at a steady rate, swept over that rate. Two modes on the same cor
   colocated  one plain SGLang server given both cores (bench.cluster_targets.start_colocated: the CPU profile,
              sleep-on-idle, chunked prefill as SGLang sets it);
   pd         1 prefill pinned to core 0 + 1 decode pinned to core 1 (`cluster.cpus`) through our router
-             (pdcluster.local, configs/prefill.yaml + decode.yaml, bootstrap service and router).
+             (pdcluster.local, configs/prefill.yaml + decode.yaml, bootstrap service and router); the prefill
+             schedules as PREFILL_SCHEDULING says (`--prefill-args ""`: SGLang's defaults, as the colocated server).
 Each cell (mode x rate) runs twice, modes alternating (A B ... then B A ...). Per cell: the streams' ITL, TTFT of
 short and long prompts, output tokens/s, streams completed with their own ITL p99, each process tree's CPU, and the
 SGLang metrics' per-stage latencies (where a request's time goes). bench/pd_report.py derives goodput, the ratios
@@ -32,6 +33,11 @@ from bench.router import settle
 
 REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
 RESULTS = Path(__file__).resolve().parent / "results"
+# A prefill worker with one core and a mix of long and short prompts: SGLang's defaults (fcfs, one 4096-token chunk)
+# make a short prompt wait for every long prompt queued before it, each a forward of seconds; shortest-prefill-first
+# lets it pass them, and 256-token chunks bound what it waits for to one chunk's forward (~1 s on one core). The
+# CPU attention plugin makes the extra chunks cheap (each computes only its own queries). bench/README: PD results.
+PREFILL_SCHEDULING = "--chunked-prefill-size 256 --schedule-policy shortest-prefill-first"
 METRICS = ("sglang:per_stage_req_latency_seconds", "sglang:queue_time_seconds", "sglang:kv_transfer_latency_ms",
            "sglang:kv_transfer_bootstrap_ms", "pdcluster_router_ttft_seconds", "sglang:time_to_first_token_seconds",
            "sglang:inter_token_latency_seconds")
@@ -171,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--long-len", type=int, default=2000)
     parser.add_argument("--cores", nargs=2, type=int, default=[0, 1], help="the prefill's and the decode's core")
-    parser.add_argument("--prefill-args", default="", help="SGLang options for PD's prefill, e.g. its scheduling")
+    parser.add_argument("--prefill-args", default=PREFILL_SCHEDULING,
+                        help=f"SGLang options for PD's prefill (default: {PREFILL_SCHEDULING!r}; '': SGLang's own)")
     parser.add_argument("--colocated-args", default="", help="SGLang options for the colocated server")
     parser.add_argument("--quick", action="store_true", help="a ~5 minute check of the harness")
     parser.add_argument("--dry-run", action="store_true", help="against bench/fake_worker.py, no SGLang")

@@ -157,8 +157,10 @@ def draw(result: dict, path: Path) -> None:
             if log:
                 ax.set_yscale("log")
             ax.legend(fontsize=7)
-    fig.suptitle(f"PD (1 prefill on core 0 + 1 decode on core 1) vs one colocated SGLang server, 4 streams of 96 "
-                 f"tokens; lines: medians, dots: each repeat ({plot.stamp(result['machine'])})", fontsize=9)
+    prefill_args = result["settings"].get("prefill_args") or "SGLang's default scheduling"
+    fig.suptitle(f"PD (1 prefill on core 0, {prefill_args}, + 1 decode on core 1) vs one colocated SGLang server, "
+                 f"4 streams of 96 tokens; lines: medians, dots: each repeat ({plot.stamp(result['machine'])})",
+                 fontsize=9)
     plot.save(fig, path)
 
 
