@@ -70,7 +70,7 @@ bench-cluster:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL))
 
 # Where PD pays (issue 25): streams' ITL while long prompts arrive, PD pinned to a core per worker vs one colocated
-# server, on SmolLM2 (~22 min): bench/results/pd.json and .png (QUICK=1: a ~5 min check of the harness).
+# server, on SmolLM2 (~17 min): bench/results/pd.json and .png (QUICK=1: a ~5 min check of the harness).
 bench-pd:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.pd $(if $(QUICK),--quick)
 
