@@ -16,9 +16,11 @@ from pdcluster.config_file import ConfigError
 from pdcluster.logs import setup_logging
 
 if TYPE_CHECKING:
-    from pdcluster.worker.plan import RoleRules
+    from pdcluster.worker.plan import LaunchPlan, RoleRules
 
 log = logging.getLogger("pdcluster.worker")
+
+PLAN_ENV = "PDCLUSTER_LAUNCH_PLAN"  # the decided plan, handed to the lean launcher (main -> exec -> _lean_main)
 
 
 def main(rules: RoleRules, argv: list[str] | None = None) -> int:
@@ -45,10 +47,23 @@ def main(rules: RoleRules, argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(plan.describe())
         return 0
+    # Deciding the plan imported SGLang's argument parser, and with it torch: ~0.8 GB that this process would keep
+    # for the worker's whole life while it only supervises. It becomes a fresh interpreter instead (same pid, so
+    # signals and exit statuses are unchanged) that gets the plan and nothing else. The original command line stays
+    # visible after `--as`.
+    os.environ[PLAN_ENV] = plan.to_json()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "pdcluster.worker.cli", "--as", *sys.argv])
+    return 0  # not reached
 
+
+def run_plan(plan: LaunchPlan) -> int:
+    """Supervise SGLang as `plan` says: register it, heartbeat, forward stop signals; SGLang's exit status."""
     from pdcluster.worker.registrar import Registrar
     from pdcluster.worker.supervisor import Supervisor
 
+    role = plan.role
     log.info("starting SGLang %s%s: %s", role.value, " (CPU profile)" if plan.cpu else "", plan.describe())
     registrar = Registrar(plan) if plan.cluster.bootstrap_url else None
     supervisor = Supervisor(plan.command, plan.env, plan.cluster.resolved_grace_period(),
@@ -74,3 +89,16 @@ def _key_values(pairs: list[str]) -> dict[str, str | None]:
             raise SystemExit(f"--cluster expects KEY=VALUE, got {pair!r}")
         result[key.strip()] = None if value.lower() in ("", "none", "null") else value
     return result
+
+
+def _lean_main() -> int:
+    """`python -m pdcluster.worker.cli --as <the original command line>`: what main() execs itself into."""
+    from pdcluster.worker.plan import LaunchPlan
+
+    plan = LaunchPlan.from_json(os.environ.pop(PLAN_ENV))
+    setup_logging(plan.role.value, "info", json_lines=False)
+    return run_plan(plan)
+
+
+if __name__ == "__main__":
+    sys.exit(_lean_main())

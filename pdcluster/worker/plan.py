@@ -118,6 +118,19 @@ class LaunchPlan:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env_added.items()))
         return f"{env} {shlex.join(self.command)}".strip()
 
+    def to_json(self) -> str:
+        """The plan as the lean launcher reads it back (pdcluster/worker/cli.py: `run_plan`)."""
+        return json.dumps({"role": self.role.value, "command": self.command, "env": self.env,
+                           "env_added": self.env_added, "cluster": self.cluster.model_dump(mode="json"),
+                           "registration": self.registration.model_dump(mode="json"), "cpu": self.cpu})
+
+    @classmethod
+    def from_json(cls, text: str) -> LaunchPlan:
+        data = json.loads(text)
+        return cls(role=Role(data["role"]), command=data["command"], env=data["env"], env_added=data["env_added"],
+                   cluster=ClusterSettings.model_validate(data["cluster"]),
+                   registration=WorkerRegistration.model_validate(data["registration"]), cpu=data["cpu"])
+
 
 def cuda_available() -> bool:
     if not Path("/dev/nvidia0").exists() and not os.environ.get("CUDA_VISIBLE_DEVICES"):

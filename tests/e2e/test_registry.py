@@ -30,6 +30,20 @@ def test_requests_spread_over_every_prefill_and_decode_with_correct_tokens(route
     assert len(served) == 4 and all(count >= 2 for count in served.values()), served
 
 
+def test_a_worker_launcher_only_supervises_and_keeps_little_memory(cluster):
+    """Deciding a plan imports SGLang's argument parser and torch (~0.8 GB); the launcher then execs itself into a
+    fresh interpreter that supervises with the plan alone: same pid (signals, exit statuses), its command line
+    kept after `--as`."""
+    import psutil
+
+    for name in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
+        launcher = psutil.Process(cluster.processes[name].popen.pid)
+        cmdline = launcher.cmdline()
+        assert cmdline[1:4] == ["-m", "pdcluster.worker.cli", "--as"] and "--config" in cmdline, cmdline
+        assert launcher.memory_info().rss < 200 * 2**20, (name, launcher.memory_info().rss)
+        assert "sglang.launch_server" in " ".join(launcher.children()[0].cmdline())
+
+
 def test_workers_register_what_they_serve(cluster):
     rows = {w["registration"]["worker_id"]: w for w in listing(cluster)}
     prefills = [w for w in rows.values() if w["registration"]["role"] == "prefill"]

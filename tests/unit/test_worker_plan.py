@@ -165,6 +165,18 @@ def test_cli_reports_errors_on_one_line_with_status_2(tmp_path, model_dir):
         "decode: error: unknown SGLang option --max-totl-tokens (did you mean --max-total-tokens?)"]
 
 
+def test_a_plan_reaches_the_lean_launcher_whole(tmp_path, model_dir):
+    """The launcher hands its decided plan to the interpreter it execs into (pdcluster/worker/cli.py) as JSON."""
+    from pdcluster.worker.plan import LaunchPlan
+
+    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n  token: s3cret\n"
+                                    f"  grace_period: 30\n  kv_store: {{dir: {tmp_path / 'kv'}, max_size: 1GiB}}\n")
+    decided = build_plan(RULES[Role.DECODE], config, [], env={"PATH": "/usr/bin"})
+    again = LaunchPlan.from_json(decided.to_json())
+    assert again == decided
+    assert again.cluster.kv_store.max_size == 2**30 and again.registration.role is Role.DECODE
+
+
 def test_cli_dry_run_prints_command_and_environment(tmp_path, model_dir):
     config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
     result = subprocess.run([sys.executable, "prefill.py", "--config", config, "--dry-run"], cwd=REPO,
