@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     name = args.shape
     stem = "persistence" if name == DEFAULT_SHAPE else f"persistence-{name}"
     out = Path(args.out) if args.out else RESULTS / f"{stem}.json"
+    if out.suffix != ".json":  # `--out bench/results/x` as bench.pd takes it: x.json and x.png
+        out = out.with_name(out.name + ".json")
     result = run(path, name, lengths, args.repeats)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
