@@ -60,10 +60,18 @@ def end_sglang() -> None:
             return "sglang" in " ".join(process.cmdline())
         return False
 
-    target = psutil.Process(os.getpgrp())
-    if not is_sglang(target):
+    def parent_of(process: psutil.Process) -> psutil.Process | None:
+        with contextlib.suppress(psutil.Error):
+            return process.parent()
+        return None
+
+    try:
+        target = psutil.Process(os.getpgrp())
+    except psutil.Error:  # the group's leader is gone (a shell that started SGLang in the background and ended)
+        target = None
+    if target is None or not is_sglang(target):
         target = psutil.Process()
-        while (parent := target.parent()) is not None and is_sglang(parent):
+        while (parent := parent_of(target)) is not None and is_sglang(parent):
             target = parent
     os.kill(target.pid, signal.SIGQUIT)
 

@@ -120,3 +120,18 @@ def test_without_the_launchers_session_the_outermost_sglang_process_is_told_neve
     env = {**os.environ, thread_guard.ENV_VAR: "1", "PYTHONPATH": os.getcwd(), "STAND_IN": FAKE_SGLANG_MAIN}
     done = subprocess.run([sys.executable, "-c", wrapper], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 7, done.stderr[-2000:]  # the stand-in's SIGQUIT handler ran; the wrapper was spared
+
+
+def test_a_process_group_whose_leader_is_gone_does_not_stop_the_guard():
+    """SGLang started in the background by a shell that then ended (as CI's runner did): the group's leader no longer
+    exists. The outermost SGLang process is still told (here the stand-in, whose handler exits 7)."""
+    wrapper = ("import os, subprocess, sys, time\n"
+               "while os.path.exists(f'/proc/{os.getpgrp()}'): time.sleep(0.05)  # until the leader is reaped\n"
+               "print(subprocess.call([sys.executable, '-c', os.environ['STAND_IN']]), flush=True)")
+    leader = f"import os, subprocess, sys; os.setpgid(0, 0); subprocess.Popen([sys.executable, '-c', {wrapper!r}])"
+    env = {**os.environ, thread_guard.ENV_VAR: "1", "PYTHONPATH": os.getcwd(), "STAND_IN": FAKE_SGLANG_MAIN}
+    with subprocess.Popen([sys.executable, "-c", leader], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        proc.wait(timeout=60)  # the leader ends at once and is reaped here; its group lives on without it
+        out, err = proc.communicate(timeout=300)  # the wrapper prints the stand-in's status on the shared pipe
+    assert out.strip() == "7", err[-2000:]
