@@ -1,15 +1,20 @@
-"""What pdcluster's SGLang plugins (pdcluster/cpu_hicache, pdcluster/cpu_attention) share: when one is on, and how it
-refuses to start. SGLang's load_plugins() calls each plugin's register() in the launcher and in every
-scheduler/detokenizer process; a plugin acts only when its variable is 1 and torch sees no CUDA device."""
+"""What pdcluster's SGLang plugins (pdcluster/cpu_hicache, cpu_attention, cpu_transfer_race) share: when one is on, how
+it recognises the SGLang code it adapts, and how it refuses to start. SGLang's load_plugins() calls each plugin's
+register() in the launcher and in every scheduler/detokenizer process; a plugin acts only when its variable is 1 and
+torch sees no CUDA device."""
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import importlib
+import inspect
 import logging
 import os
+import textwrap
 from collections.abc import Callable
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 logger = logging.getLogger(__name__)
 
@@ -26,14 +31,14 @@ def active(env_var: str, on_cuda: str) -> bool:
     return True
 
 
-def apply(name: str, patch: Callable[[], list[str]], incompatible: type[Exception]) -> None:
-    """Run a plugin's `patch` (it checks every internal it adapts first and raises `incompatible` naming what
+def apply(name: str, patch: Callable[[], list[str]]) -> None:
+    """Run a plugin's `patch` (it checks every internal it adapts first and raises IncompatibleSGLang naming what
     changed). load_plugins() logs and swallows an Exception from a plugin, and SGLang would then start without the
     adaptation the config asked for (failing later and less clearly): so it leaves as SystemExit, which it does not
     catch."""
     try:
         patched = patch()
-    except incompatible as exc:
+    except IncompatibleSGLang as exc:
         raise SystemExit(str(exc)) from None
     if patched:
         logger.warning("pdcluster %s active (no CUDA): patched %s", name, ", ".join(patched))
@@ -49,6 +54,17 @@ def refuse(plugin: str, env_var: str, what: str, written_for: str, instead: str)
     raise IncompatibleSGLang(
         f"pdcluster {plugin} ({env_var}=1) cannot adapt SGLang {sglang_version()}: {what}. It was written for SGLang "
         f"{written_for}; re-check pdcluster/{plugin} against this version{instead}")
+
+
+def fingerprint(fn: Any) -> str:
+    """sha256 of the function's syntax tree, docstring left out: comments and formatting do not change it."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    if not isinstance(tree, ast.FunctionDef | ast.AsyncFunctionDef):
+        raise TypeError(f"{fn!r} is not a function")
+    body = tree.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        tree.body = body[1:]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
 def sglang_version() -> str:

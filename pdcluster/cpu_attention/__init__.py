@@ -28,4 +28,4 @@ def register() -> None:
         return
     from pdcluster.cpu_attention import internals
 
-    sglang_plugin.apply("cpu_attention", internals.apply, sglang_plugin.IncompatibleSGLang)
+    sglang_plugin.apply("cpu_attention", internals.apply)

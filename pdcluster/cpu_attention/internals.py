@@ -9,17 +9,14 @@ it did.
 
 from __future__ import annotations
 
-import ast
 import functools
-import hashlib
 import inspect
 import logging
-import textwrap
 from types import ModuleType
 from typing import Any, NoReturn
 
 from pdcluster.cpu_attention import ops
-from pdcluster.sglang_plugin import import_module, refuse
+from pdcluster.sglang_plugin import fingerprint, import_module, refuse
 
 BACKEND = "sglang.srt.layers.attention.torch_native_backend"
 CLASS, METHOD, CALLER = "TorchNativeAttnBackend", "_run_sdpa_forward_extend", "forward_extend"
@@ -43,17 +40,6 @@ def _fail(what: str) -> NoReturn:
 
 def _module(name: str) -> ModuleType:
     return import_module(name, _fail)
-
-
-def fingerprint(fn: Any) -> str:
-    """sha256 of the function's syntax tree, docstring left out: comments and formatting do not change it."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
-    if not isinstance(tree, ast.FunctionDef | ast.AsyncFunctionDef):
-        raise TypeError(f"{fn!r} is not a function")
-    body = tree.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        tree.body = body[1:]
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
 def check() -> dict[str, Any]:

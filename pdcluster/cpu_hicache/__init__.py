@@ -31,4 +31,4 @@ def register() -> None:
         return
     from pdcluster.cpu_hicache import internals
 
-    sglang_plugin.apply("cpu_hicache", internals.apply, sglang_plugin.IncompatibleSGLang)
+    sglang_plugin.apply("cpu_hicache", internals.apply)

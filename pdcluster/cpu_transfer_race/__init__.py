@@ -31,4 +31,4 @@ def register() -> None:
         return
     from pdcluster.cpu_transfer_race import internals
 
-    sglang_plugin.apply("cpu_transfer_race", internals.apply, sglang_plugin.IncompatibleSGLang)
+    sglang_plugin.apply("cpu_transfer_race", internals.apply)

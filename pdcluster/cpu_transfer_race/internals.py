@@ -8,8 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from pdcluster.cpu_attention.internals import fingerprint
-from pdcluster.sglang_plugin import import_module, refuse, sglang_version
+from pdcluster.sglang_plugin import fingerprint, import_module, refuse, sglang_version
 
 MODULE, CLASS, METHOD = "sglang.srt.disaggregation.mooncake.conn", "MooncakeKVManager", "transfer_worker"
 # sha256 of ast.dump of the method without its docstring, as SGLang 0.5.23 ships it.
