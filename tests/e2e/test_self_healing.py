@@ -37,6 +37,13 @@ def healthy(router: httpx.Client, url: str) -> bool | None:
     return None if row is None else row["healthy"]
 
 
+def serving(router: httpx.Client, url: str) -> bool:
+    """Healthy and usable: a worker the registry dropped while it hung comes back as a new entry, which passes its
+    admission canary (router/admission.py) before it gets traffic."""
+    row = next((w for w in router.get("/ready", timeout=5).json()["workers"] if w["url"].rstrip("/") == url), None)
+    return row is not None and row["healthy"] and not row["unusable"]
+
+
 def name_of(cluster, worker_id: str) -> str:
     role, port = worker_id.split("-")[0], int(worker_id.rsplit("-", 1)[1])
     first = cluster.spec.prefill.first_port if role == "prefill" else cluster.spec.decode.first_port
@@ -105,8 +112,9 @@ def test_sigstop_of_a_decodes_tree_is_detected_within_10s_and_sigcont_readmits_i
     assert events[-1] != "data: [DONE]", "the stream ended as if nothing happened"
     error = json.loads(events[-1].removeprefix("data: "))["error"]
     assert error["code"] in (502, 503, 504) and "decode" in error["message"]
-    # SIGCONT: back in rotation (heartbeats resume, the registry and the liveness probe take it back).
-    assert until(lambda: healthy(router, victim) is True, 20, CLUSTER_POLL), router.get("/ready").json()
+    # SIGCONT: back in rotation (heartbeats resume, the registry and the liveness probe take it back, and, if the
+    # registry had dropped it meanwhile, its admission canary passes).
+    assert until(lambda: serving(router, victim), 20, CLUSTER_POLL), router.get("/ready").json()
     readmitted_after = time.monotonic() - resumed_at
     assert readmitted_after < 20
     decodes = {name_of(cluster, router.post("/generate", json={"text": f"both {i}", **GREEDY})
