@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from pdcluster.config_file import ConfigError, load_yaml, validation_message
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration
@@ -120,16 +120,14 @@ class LaunchPlan:
 
     def to_json(self) -> str:
         """The plan as the lean launcher reads it back (pdcluster/worker/cli.py: `run_plan`)."""
-        return json.dumps({"role": self.role.value, "command": self.command, "env": self.env,
-                           "env_added": self.env_added, "cluster": self.cluster.model_dump(mode="json"),
-                           "registration": self.registration.model_dump(mode="json"), "cpu": self.cpu})
+        return _PLAN_JSON.dump_json(self).decode()
 
     @classmethod
     def from_json(cls, text: str) -> LaunchPlan:
-        data = json.loads(text)
-        return cls(role=Role(data["role"]), command=data["command"], env=data["env"], env_added=data["env_added"],
-                   cluster=ClusterSettings.model_validate(data["cluster"]),
-                   registration=WorkerRegistration.model_validate(data["registration"]), cpu=data["cpu"])
+        return _PLAN_JSON.validate_json(text)
+
+
+_PLAN_JSON = TypeAdapter(LaunchPlan)  # every field, validated on the way back in (no field list to keep by hand)
 
 
 def cuda_available() -> bool:
