@@ -158,9 +158,10 @@ def draw(result: dict, path: Path) -> None:
                 ax.set_yscale("log")
             ax.legend(fontsize=7)
     prefill_args = result["settings"].get("prefill_args") or "SGLang's default scheduling"
-    fig.suptitle(f"PD (1 prefill on core 0, {prefill_args}, + 1 decode on core 1) vs one colocated SGLang server, "
-                 f"4 streams of 96 tokens; lines: medians, dots: each repeat ({plot.stamp(result['machine'])})",
-                 fontsize=9)
+    colocated_args = result["settings"].get("colocated_args") or "SGLang's default scheduling"
+    fig.suptitle(f"PD (1 prefill on core 0: {prefill_args}; 1 decode on core 1) vs one colocated SGLang server "
+                 f"({colocated_args}),\n4 streams of 96 tokens; lines: medians, dots: each repeat "
+                 f"({plot.stamp(result['machine'])})", fontsize=9)
     plot.save(fig, path)
 
 
