@@ -55,25 +55,22 @@ def end_sglang() -> None:
     one) is told: never a shell or a supervisor that is not SGLang's."""
     import psutil  # SGLang's own dependency
 
-    def is_sglang(process: psutil.Process) -> bool:
+    def is_sglang(pid: int) -> bool:  # False for a process that is gone, the group's leader included
         with contextlib.suppress(psutil.Error):
-            return "sglang" in " ".join(process.cmdline())
+            return "sglang" in " ".join(psutil.Process(pid).cmdline())
         return False
 
-    def parent_of(process: psutil.Process) -> psutil.Process | None:
+    def parent_of(pid: int) -> int:  # 0 when there is none (or it is gone)
         with contextlib.suppress(psutil.Error):
-            return process.parent()
-        return None
+            return psutil.Process(pid).ppid()
+        return 0
 
-    try:
-        target = psutil.Process(os.getpgrp())
-    except psutil.Error:  # the group's leader is gone (a shell that started SGLang in the background and ended)
-        target = None
-    if target is None or not is_sglang(target):
-        target = psutil.Process()
-        while (parent := parent_of(target)) is not None and is_sglang(parent):
+    target = os.getpgrp()  # its leader may be gone (a shell that started SGLang in the background and ended)
+    if not is_sglang(target):
+        target = os.getpid()
+        while (parent := parent_of(target)) and is_sglang(parent):
             target = parent
-    os.kill(target.pid, signal.SIGQUIT)
+    os.kill(target, signal.SIGQUIT)
 
 
 def guard(previous: Callable[[threading.ExceptHookArgs], object], directory: str,

@@ -16,7 +16,8 @@ import httpx
 
 from bench.procs import free_port
 
-__all__ = ["free_port", "give_up", "listing", "seconds_until", "start_cluster", "until", "used_tokens", "worker_url"]
+__all__ = ["free_port", "give_up", "listing", "seconds_until", "serving", "start_cluster", "until", "used_tokens",
+           "worker_id", "worker_url"]
 
 # How often to ask a real cluster (HTTP to a router or a scheduler): more often would load the 2 cores it runs on.
 CLUSTER_POLL = 0.2
@@ -53,6 +54,20 @@ def worker_url(cluster, name: str) -> str:
     group, index = name.split("-")
     spec = cluster.spec.prefill if group == "prefill" else cluster.spec.decode
     return f"http://127.0.0.1:{spec.first_port + int(index)}"
+
+
+def worker_id(cluster, name: str) -> str:
+    """The id a local cluster's worker `name` ("prefill-0", "decode-1", ...) registers under."""
+    group, index = name.split("-")
+    spec = cluster.spec.prefill if group == "prefill" else cluster.spec.decode
+    return f"{group}-127.0.0.1-{spec.first_port + int(index)}"
+
+
+def serving(router: httpx.Client, wid: str) -> bool:
+    """Whether the router sends new requests to worker `wid`: listed, healthy, admitted (a worker that registers
+    anew passes its admission canary first), not draining, its breaker closed."""
+    workers = {w["worker_id"]: w for w in router.get("/ready", timeout=5).json()["workers"]}
+    return wid in workers and not workers[wid]["unusable"]
 
 
 def start_cluster(local) -> None:

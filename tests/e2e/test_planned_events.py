@@ -20,19 +20,8 @@ import httpx
 from pdcluster.models import DEMO_ARGS
 from tests.e2e.conftest import REPO
 from tests.e2e.load import Load
-from tests.helpers import CLUSTER_POLL, listing, until
+from tests.helpers import CLUSTER_POLL, listing, serving, until, worker_id
 from tests.unit.test_router_pd import metric
-
-
-def worker_id(cluster, name: str) -> str:
-    group, index = name.split("-")
-    spec = cluster.spec.prefill if group == "prefill" else cluster.spec.decode
-    return f"{group}-127.0.0.1-{spec.first_port + int(index)}"
-
-
-def serving(router, wid: str) -> bool:
-    workers = {w["worker_id"]: w for w in router.get("/ready").json()["workers"]}
-    return wid in workers and not workers[wid]["unusable"]
 
 
 def test_a_rolling_restart_under_load_loses_no_request(cluster, router):

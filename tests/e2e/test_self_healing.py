@@ -16,7 +16,7 @@ import httpx
 import psutil
 
 from tests.e2e.reference import assert_matches
-from tests.helpers import CLUSTER_POLL, until, used_tokens, worker_url
+from tests.helpers import CLUSTER_POLL, serving, until, used_tokens, worker_id, worker_url
 
 GREEDY = {"sampling_params": {"max_new_tokens": 8, "temperature": 0}}
 LONG_STREAM = {"text": "Tell me a long story", "stream": True,
@@ -35,13 +35,6 @@ def all_healthy(router: httpx.Client) -> bool:
 def healthy(router: httpx.Client, url: str) -> bool | None:
     row = next((w for w in router.get("/ready", timeout=5).json()["workers"] if w["url"].rstrip("/") == url), None)
     return None if row is None else row["healthy"]
-
-
-def serving(router: httpx.Client, url: str) -> bool:
-    """Healthy and usable: a worker the registry dropped while it hung comes back as a new entry, which passes its
-    admission canary (router/admission.py) before it gets traffic."""
-    row = next((w for w in router.get("/ready", timeout=5).json()["workers"] if w["url"].rstrip("/") == url), None)
-    return row is not None and row["healthy"] and not row["unusable"]
 
 
 def name_of(cluster, worker_id: str) -> str:
@@ -114,7 +107,7 @@ def test_sigstop_of_a_decodes_tree_is_detected_within_10s_and_sigcont_readmits_i
     assert error["code"] in (502, 503, 504) and "decode" in error["message"]
     # SIGCONT: back in rotation (heartbeats resume, the registry and the liveness probe take it back, and, if the
     # registry had dropped it meanwhile, its admission canary passes).
-    assert until(lambda: serving(router, victim), 20, CLUSTER_POLL), router.get("/ready").json()
+    assert until(lambda: serving(router, worker_id(cluster, "decode-0")), 20, CLUSTER_POLL), router.get("/ready").json()
     readmitted_after = time.monotonic() - resumed_at
     assert readmitted_after < 20
     decodes = {name_of(cluster, router.post("/generate", json={"text": f"both {i}", **GREEDY})

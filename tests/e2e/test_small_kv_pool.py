@@ -18,8 +18,7 @@ from pdcluster.models import DEMO_ARGS
 from tests.e2e.conftest import REPO
 from tests.e2e.prompts import prompt_of_about
 from tests.e2e.reference import assert_matches
-from tests.e2e.test_planned_events import serving, worker_id
-from tests.helpers import CLUSTER_POLL, until
+from tests.helpers import CLUSTER_POLL, serving, until, worker_id
 
 POOL = 1536
 RESERVED = 512  # SGLang's num_reserved_decode_tokens
