@@ -7,15 +7,23 @@ runs last. Within a suite, files keep pytest's order (by name) unless listed bel
 
 Marker: every test of a suite that starts SGLang processes or Docker is marked `cluster`, so that
 `pytest -m "not cluster"` (`make quick`) runs everything else, no lock needed, in a few minutes.
+
+Time: the end of every run prints each suite's wall time and what each cluster start cost (tests/timings.py), so
+that one CI log shows where `make test`'s budget goes.
 """
 
 from __future__ import annotations
 
+import inspect
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.timings import Timings
+
 TESTS = Path(__file__).parent
+TIMINGS = Timings()
 
 # tests/chaos is the chaos soak (`make chaos`): a program with a cluster of its own, never collected as tests.
 collect_ignore = ["chaos"]
@@ -82,3 +90,37 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests/conftest.py's ORDER places no suite for {', '.join(sorted(unplaced))}: add it "
                                 "there (where it runs, and whether it starts SGLang or Docker)")
     items.sort(key=places.__getitem__)  # stable: within a place, pytest's own order
+
+
+def _suite(path: Path) -> str:
+    """A test's or fixture's suite: its top-level folder under tests/."""
+    return path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else str(path)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    started = time.monotonic()  # setup, call and teardown: a package fixture's start and stop count for its suite
+    try:
+        return (yield)
+    finally:
+        TIMINGS.add_test(_suite(Path(item.path)), time.monotonic() - started)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    started = time.monotonic()  # pytest has set up this fixture's dependencies already: its own setup alone
+    try:
+        return (yield)
+    finally:
+        if fixturedef.scope in ("package", "session"):
+            source = Path(inspect.getfile(fixturedef.func))
+            place = _place(source)
+            if place is not None and ORDER[place][1]:  # a suite that starts SGLang or Docker
+                TIMINGS.add_fixture(_suite(source), fixturedef.argname, time.monotonic() - started)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if lines := TIMINGS.lines():
+        terminalreporter.section("time per suite and per cluster start (tests/timings.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
