@@ -29,7 +29,7 @@ EXTRA_TRANSFER_BACKENDS = frozenset({"fake"})
 # backend, not enable-hierarchical-cache.
 KV_STORE_FLAGS = {
     "disaggregation-decode-enable-offload-kvcache": True,
-    "hicache-storage-backend": "file",
+    "hicache-storage-backend": "dynamic",  # pdcluster's sealed file storage (pdcluster/kvstore/wiring.py)
 }
 
 

@@ -28,7 +28,7 @@ EXTRA_TRANSFER_BACKENDS: frozenset[str] = frozenset()
 # kv_store: SGLang's HiCache with its file storage, so that what a prefill computes is written to disk and read back.
 KV_STORE_FLAGS = {
     "enable-hierarchical-cache": True,
-    "hicache-storage-backend": "file",
+    "hicache-storage-backend": "dynamic",  # pdcluster's sealed file storage (pdcluster/kvstore/wiring.py)
     "hicache-write-policy": "write_through",  # write_back never writes a prompt's first pages (sglang #26886)
 }
 

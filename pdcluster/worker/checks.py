@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pdcluster.config_file import ConfigError
+from pdcluster.kvstore import wiring
 from pdcluster.worker.settings import ClusterSettings
 
 # Hugging Face hub ids look like "org/name"; anything else is taken as a local path.
@@ -86,9 +87,9 @@ def check_kv_store_dir(path: str) -> None:
 def check_kv_store(ns: argparse.Namespace, cpu: bool, role_check: Callable[[argparse.Namespace], None]) -> None:
     """SGLang options that would defeat the KV store (or crash it on CPU), refused before SGLang starts; `role_check`:
     the role's own (prefill/plan.py, decode/plan.py)."""
-    if ns.hicache_storage_backend != "file":
-        raise ConfigError(f"hicache-storage-backend {ns.hicache_storage_backend}: kv_store keeps KV in SGLang's file "
-                          f"storage (remove one of the two)")
+    if not wiring.is_sealed(ns.hicache_storage_backend, ns.hicache_storage_backend_extra_config):
+        raise ConfigError(f"hicache-storage-backend {ns.hicache_storage_backend}: kv_store keeps KV in pdcluster's "
+                          f"sealed file storage (remove one of the two)")
     role_check(ns)
     if cpu and ns.hicache_io_backend != "direct":
         raise ConfigError(f"hicache-io-backend {ns.hicache_io_backend} needs CUDA kernels: on CPU use direct")

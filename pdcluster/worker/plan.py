@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from pydantic import TypeAdapter, ValidationError
 
 from pdcluster.config_file import ConfigError, load_yaml, validation_message
+from pdcluster.kvstore import wiring
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration
 from pdcluster.worker import checks
 from pdcluster.worker.options import SGLangOptions, sglang_parser
@@ -164,6 +165,7 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
         options.set_default("page-size", KV_PAGE_SIZE)
         for key, value in rules.kv_store_flags(kv, KV_DEVICE_FLAGS[cpu]).items():
             options.set_default(key, value)
+        _wire_sealed_storage(options, kv)
 
     ns = options.parse()
     stored = kv if kv is not None and rules.stores_kv(ns) else None  # the KV store this worker writes to, if any
@@ -250,6 +252,17 @@ def _merge_cluster(section: dict, overrides: dict[str, str | None] | None) -> di
         else:
             merged[key] = value
     return merged
+
+
+def _wire_sealed_storage(options: SGLangOptions, kv: KVStoreSettings) -> None:
+    """Where the role stores KV, SGLang loads pdcluster's sealed storage (pdcluster/kvstore/wiring.py), and serves
+    /metrics, where that storage's rejections and failed writes are counted."""
+    backend = options.tokens.get("hicache_storage_backend", [])[1:]
+    if backend != [wiring.BACKEND]:
+        return  # the role stores nothing, or the file set another backend: check_kv_store refuses that
+    configured = options.tokens.get(wiring.EXTRA_CONFIG, [None, None])[1]
+    options.set_value("hicache-storage-backend-extra-config", wiring.extra_config(configured, kv.secret_file))
+    options.set_default("enable-metrics", True)
 
 
 def _kv_store_env(kv: KVStoreSettings, ranks: int) -> dict[str, str]:

@@ -13,6 +13,7 @@ import pytest
 
 import decode.plan
 import prefill.plan
+from pdcluster.kvstore import wiring
 from pdcluster.protocol import Role
 from pdcluster.worker.options import ConfigError
 from pdcluster.worker.plan import CPU_SHIM_DIR, build_plan
@@ -205,12 +206,14 @@ def test_kv_store_prefill_cpu(tmp_path, model_dir):
     assert p.command[8:10] == ["--orphan-tmp-age", "60.0"] and (tmp_path / "kv").is_dir()
     cmd = sglang_part(p.command)
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
-    assert "--enable-hierarchical-cache" in cmd and argv_value(cmd, "--hicache-storage-backend") == "file"
+    assert "--enable-hierarchical-cache" in cmd and argv_value(cmd, "--hicache-storage-backend") == "dynamic"
     assert argv_value(cmd, "--hicache-write-policy") == "write_through"
     assert argv_value(cmd, "--hicache-io-backend") == "direct"
     assert argv_value(cmd, "--hicache-mem-layout") == "page_first_direct"
     assert argv_value(cmd, "--page-size") == "64"
-    assert json.loads(argv_value(cmd, "--hicache-storage-backend-extra-config")) == {"prefetch_threshold": 32}
+    assert json.loads(argv_value(cmd, "--hicache-storage-backend-extra-config")) == {"prefetch_threshold": 32,
+                                                                                      **wiring.SEALED}
+    assert "--enable-metrics" in cmd, "the sealed storage's counters are on the worker's /metrics"
     assert p.env["PDCLUSTER_CPU_HICACHE"] == "1" and p.env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == str(1 << 30)
     assert "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR" not in p.env, "the namespace is the launch step's to choose"
     assert p.registration.identity.page_size == 64
@@ -233,14 +236,25 @@ def test_kv_store_decode(tmp_path, model_dir):
     assert p.command[1:6] == ["-m", "pdcluster.kvstore", "launch", "--role", "decode"]
     cmd = sglang_part(p.command)
     assert "--disaggregation-decode-enable-offload-kvcache" in cmd and "--enable-hierarchical-cache" not in cmd
-    assert argv_value(cmd, "--hicache-storage-backend") == "file" and argv_value(cmd, "--page-size") == "64"
+    assert argv_value(cmd, "--hicache-storage-backend") == "dynamic" and argv_value(cmd, "--page-size") == "64"
     assert argv_value(cmd, "--hicache-io-backend") == "direct"
     assert argv_value(cmd, "--hicache-mem-layout") == "page_first_direct", "the prefill's layout: one namespace"
     assert argv_value(cmd, "--disaggregation-decode-retraction-backup") == "cpu_tensor"
-    assert "--hicache-storage-backend-extra-config" not in cmd and p.env["PDCLUSTER_CPU_HICACHE"] == "1"
+    assert json.loads(argv_value(cmd, "--hicache-storage-backend-extra-config")) == wiring.SEALED
+    assert p.env["PDCLUSTER_CPU_HICACHE"] == "1"
     plain = kv_plan(tmp_path, model_dir, {"decode_offload": False}, role=Role.DECODE)
     assert plain.command[1:3] == ["-m", "sglang.launch_server"] and argv_value(plain.command, "--page-size") == "64"
     assert "--hicache-storage-backend" not in plain.command
+
+
+def test_kv_store_secret_file_is_passed_by_name_never_by_value(tmp_path, model_dir):
+    secret = tmp_path / "kv-secret"
+    secret.write_text("do-not-print-me\n")
+    for role in (Role.PREFILL, Role.DECODE):
+        p = kv_plan(tmp_path, model_dir, {"secret_file": str(secret)}, role=role)
+        extra = json.loads(argv_value(sglang_part(p.command), "--hicache-storage-backend-extra-config"))
+        assert extra["secret_file"] == str(secret.resolve())
+        assert "do-not-print-me" not in p.describe()
 
 
 def test_kv_store_options_stay_overridable(tmp_path, model_dir):
@@ -251,7 +265,8 @@ def test_kv_store_options_stay_overridable(tmp_path, model_dir):
     cmd = sglang_part(p.command)
     assert argv_value(cmd, "--page-size") == "16" and argv_value(cmd, "--hicache-mem-layout") == "layer_first"
     assert argv_value(cmd, "--hicache-write-policy") == "write_through_selective"  # persists from a page's 2nd use
-    assert argv_value(cmd, "--hicache-storage-backend-extra-config") == '{"prefetch_threshold": 128}'
+    assert json.loads(argv_value(cmd, "--hicache-storage-backend-extra-config")) == {"prefetch_threshold": 128,
+                                                                                      **wiring.SEALED}
     assert argv_value(cmd, "--hicache-ratio") == "1.5"
 
 
@@ -271,7 +286,9 @@ def test_kv_store_from_the_command_line(tmp_path, model_dir):
         ({}, "hicache-io-backend: kernel", Role.PREFILL, "cpu", "hicache-io-backend kernel needs CUDA kernels"),
         ({}, "hicache-io-backend: kernel", Role.DECODE, "cpu", "on CPU use direct"),
         ({}, "hicache-mem-layout: page_head", Role.PREFILL, "cpu", "page_head has no CPU transfer"),
-        ({}, "hicache-storage-backend: mooncake", Role.PREFILL, "cuda", "kv_store keeps KV in SGLang's file storage"),
+        ({}, "hicache-storage-backend: mooncake", Role.PREFILL, "cuda", "kv_store keeps KV in pdcluster's sealed"),
+        ({}, "hicache-storage-backend: file", Role.DECODE, "cpu", "kv_store keeps KV in pdcluster's sealed"),
+        ({"secret_file": "/nonexistent/secret"}, "", Role.PREFILL, "cpu", "kv_store.secret_file /nonexistent"),
         ({}, "enable-hierarchical-cache: false", Role.PREFILL, "cpu", "needs SGLang's HiCache"),
         ({}, "disaggregation-decode-retraction-backup: host_pool", Role.DECODE, "cuda", "host_pool cannot run"),
         ({"max_size": "lots"}, "", Role.PREFILL, "cpu", "cluster.kv_store.max_size"),
