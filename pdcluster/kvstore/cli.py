@@ -1,7 +1,9 @@
-"""`python -m pdcluster.kvstore list|clear`: what is stored on disk, and removing it.
+"""`python -m pdcluster.kvstore list|clear|verify`: what is stored on disk, checking it, and removing it.
 
   list  [--dir kv-cache] [--json]                       one line per namespace
   clear [--dir kv-cache] (--namespace FINGERPRINT | --all)   refuses a namespace a running worker uses
+  verify [--dir kv-cache] [--namespace FINGERPRINT] [--secret-file F] [--remove]
+                                                        every page's seal; what it would remove (exit 1 if any bad)
   launch ...                                            what the worker launcher runs (see launch.py)
 """
 
@@ -14,6 +16,8 @@ import time
 from pathlib import Path
 
 from pdcluster.kvstore import namespace
+from pdcluster.kvstore.page_seal import SECRET_ENV, SecretError, load_secret
+from pdcluster.kvstore.verify import verify_namespace
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,11 +36,18 @@ def main(argv: list[str] | None = None) -> int:
     which = clear.add_mutually_exclusive_group(required=True)
     which.add_argument("--namespace", metavar="FINGERPRINT")
     which.add_argument("--all", action="store_true")
+    check = commands.add_parser("verify", help="check every stored page's seal; list (or --remove) the bad ones")
+    check.add_argument("--dir", default="kv-cache")
+    check.add_argument("--namespace", metavar="FINGERPRINT", help="default: every namespace")
+    check.add_argument("--secret-file", help=f"the workers' kv_store.secret_file (default: ${SECRET_ENV}, else none)")
+    check.add_argument("--remove", action="store_true", help="remove the bad pages (a worker would, at its next read)")
     args = parser.parse_args(argv)
     base = Path(args.dir)
     if not base.is_dir():
         print(f"error: {base} is not a directory", file=sys.stderr)
         return 2
+    if args.command == "verify":
+        return verify_pages(base, args.namespace, args.secret_file, args.remove)
     return list_namespaces(base, args.json) if args.command == "list" else clear_namespaces(base, args.namespace)
 
 
@@ -75,6 +86,33 @@ def clear_namespaces(base: Path, fp: str | None) -> int:
             print(f"error: {path} is in use by a running worker: stop it first", file=sys.stderr)
             status = 1
     return status
+
+
+def verify_pages(base: Path, fp: str | None, secret_file: str | None, remove: bool) -> int:
+    try:
+        secret = load_secret(secret_file)
+    except SecretError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    infos = namespace.scan(base)
+    if fp is not None:
+        infos = [info for info in infos if info.fingerprint == fp]
+        if not infos:
+            print(f"error: no namespace {fp} in {base} (see: python -m pdcluster.kvstore list --dir {base})",
+                  file=sys.stderr)
+            return 1
+    left = 0
+    for info in infos:
+        verdict = verify_namespace(info.path, secret, remove)
+        for path, reason, gone in verdict.bad:
+            print(f"{'removed' if gone else 'could not remove' if remove else 'would remove'} {path} ({reason})")
+        reasons = ", ".join(f"{reason}: {count}" for reason, count in verdict.reasons().items()) or "none"
+        print(f"{info.path}: {verdict.checked} pages checked, {len(verdict.bad)} bad ({reasons}), "
+              f"{verdict.removed} removed")
+        left += len(verdict.bad) - verdict.removed
+        if verdict.reasons().get("secret") == verdict.checked and verdict.checked:
+            print(f"  every page was sealed with another secret than the one given (--secret-file, ${SECRET_ENV})")
+    return 1 if left else 0
 
 
 def _human(size: float) -> str:
