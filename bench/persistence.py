@@ -8,6 +8,7 @@ prompt lengths:
   disk     the same, with the namespace's files first dropped from the page cache (posix_fadvise DONTNEED on those
            files only) and the prefill's memory tiers emptied (/flush_cache): every byte read from the device;
   memory   the same prompt again on the running prefill: its device KV cache, the best any cache can do;
+  (storage and disk also record the seconds the prefill spent reading and verifying the pages' seals: verify_s)
   chat     a conversation's next turn (a prompt, its 128-token answer, 64 new tokens) against its first: the prompt
            from the prefill's memory, the answer from the pages the decode wrote; the first turn's inter-token
            latencies (ITL) are the decode's.
@@ -117,10 +118,26 @@ def chat(side: Side, ids: list[int], tag: str, vocab: int) -> dict:
     return result
 
 
+def store_clock(side: Side) -> dict[str, float]:
+    """The prefill's sealed-storage counters (pdcluster/kvstore/metrics.py): pages read from disk, the seconds reading
+    them took, and of those the seconds checking their seals: the verification's cost, measured where it is paid."""
+    names = {"pdcluster_kv_store_read_pages_total": "read_pages", "pdcluster_kv_store_read_seconds_total": "read_s",
+             "pdcluster_kv_store_verify_seconds_total": "verify_s"}
+    values = dict.fromkeys(names.values(), 0.0)
+    for line in httpx.get(f"{side.prefill_url}/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            values[names[name]] = float(value)
+    return values
+
+
 def measure(side: Side, series: str, ids: list[int]) -> dict:
     side.wait_healthy()
     busy = busy_cores()
+    before = store_clock(side) if series in ("storage", "disk") else None
     sample = {**ttft(side.client, ids), "busy_cores_before": busy}
+    if before is not None:
+        sample.update({key: round(value - before[key], 4) for key, value in store_clock(side).items()})
     print(f"bench: {side.mode:3s} {len(ids):5d} tokens {series:7s} {sample}", flush=True)
     return sample
 

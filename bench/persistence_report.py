@@ -40,6 +40,11 @@ def _rows(samples: dict, lengths, bandwidth: dict, page_bytes: float, page: int)
             row[f"{series}_ttft_s"] = _median(r["seconds"] for r in samples[series][n])
         for series in SERIES[1:]:
             row[f"{series}_over_cold"] = round(row[f"{series}_ttft_s"] / row["cold_ttft_s"], 4)
+        for series in ("storage", "disk"):  # the sealed storage's own clock: checking the pages read from disk
+            verify = [r["verify_s"] for r in samples[series][n] if "verify_s" in r]
+            if verify:
+                row[f"{series}_verify_s"] = _median(verify)
+                row[f"{series}_verify_share"] = round(row[f"{series}_verify_s"] / row[f"{series}_ttft_s"], 4)
         row["runs"] = {series: samples[series][n] for series in SERIES}
         rows.append(row)
     return rows
@@ -151,7 +156,9 @@ def summary(result: dict, out: Path) -> None:
     for mode in MODES:
         for row in result["results"][mode]:
             print(f"{mode:3s} {row['prompt_tokens']:6d} tokens: cold {row['cold_ttft_s']:.3f}s  storage "
-                  f"{row['storage_ttft_s']:.3f}s  disk {row['disk_ttft_s']:.3f}s  memory {row['memory_ttft_s']:.3f}s")
+                  f"{row['storage_ttft_s']:.3f}s  disk {row['disk_ttft_s']:.3f}s  memory {row['memory_ttft_s']:.3f}s"
+                  f"  verifying pages: {row.get('storage_verify_share', '?')} of storage's TTFT, "
+                  f"{row.get('disk_verify_share', '?')} of disk's")
     for name, target in result["targets"].items():
         print(f"target {name}: {'met' if target['met'] else 'NOT met'} {target}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
