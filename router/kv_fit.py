@@ -78,17 +78,34 @@ async def count_prompt(client: UpstreamClient, decode: Worker, request: PdReques
         ask = {"messages": body["messages"], **{k: body[k] for k in CHAT_KEYS if body.get(k) is not None}}
     else:
         ask = {"prompt": body["text"] if request.route == "/generate" else body["prompt"]}
-    field = request.checked.prompt_field
+    count = await _count(client, decode, ask, request.checked.prompt_field,
+                         "the prompt may be longer than the decode workers' KV cache can take, and ")
+    return max(count) if isinstance(count, list) else count
+
+
+async def refuse_empty_texts(client: UpstreamClient, decode: Worker, checked: Checked) -> None:
+    """A 400 naming the first text prompt the pair's tokenizer makes no token of (validation.may_vanish: only texts
+    made of characters a normalizer may drop get here): SGLang 0.5.23's scheduler crashes on a 0-token prefill."""
+    params, texts = zip(*checked.may_vanish, strict=True)
+    counts = await _count(client, decode, {"prompt": list(texts)}, params[0], "it may have no token, and ")
+    for param, count in zip(params, counts if isinstance(counts, list) else [counts], strict=False):
+        if count == 0:
+            raise ApiError(400, f"{param} has no token for this model's tokenizer: every prompt must have at least "
+                                f"one", param)
+
+
+async def _count(client: UpstreamClient, decode: Worker, ask: dict, field: str, why: str) -> int | list[int]:
+    """SGLang's /tokenize on `decode`: the count, or a list of counts for a list of prompts."""
     try:
         async with asyncio.timeout(COUNT_TIMEOUT):
             response = await client.request("POST", decode.url, "/tokenize", orjson.dumps(ask), _JSON)
             answer = orjson.loads(await response.read())
     except (*TRANSPORT_ERRORS, orjson.JSONDecodeError) as exc:
-        raise ApiError(503, f"{field}: the prompt may be longer than the decode workers' KV cache can take, and "
-                            f"counting its tokens on {decode.worker_id} failed ({type(exc).__name__})", field) from None
+        raise ApiError(503, f"{field}: {why}counting its tokens on {decode.worker_id} failed ({type(exc).__name__})",
+                       field) from None
     count = answer.get("count") if isinstance(answer, dict) else None
     if response.status != 200 or not isinstance(count, int | list):
         message = answer.get("message") if isinstance(answer, dict) else None
         raise ApiError(400 if response.status == 400 else 503,
                        f"{field}: the decode could not count the prompt's tokens: {message or response.status}", field)
-    return max(count) if isinstance(count, list) else count
+    return count

@@ -19,7 +19,7 @@ from router.config import RouterConfig
 from router.dispatch import Dispatcher
 from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 from router.failures import HalfFailed
-from router.kv_fit import PromptTooLong, count_prompt
+from router.kv_fit import PromptTooLong, count_prompt, refuse_empty_texts
 from router.metrics import RouterMetrics
 from router.pd_fields import new_rid
 from router.policies.pairing import Pairing, pair_limits
@@ -84,6 +84,9 @@ class PdService:
                 request.checked = replace(request.checked, longest_prompt=tokens, prompt_exact=True)
                 continue
             check_for_pair(request.checked, pair_limits(prefill, decode))
+            if request.checked.may_vanish:  # once: every pair serves the same model
+                await refuse_empty_texts(self.dispatcher.client, decode, request.checked)
+                request.checked = replace(request.checked, may_vanish=())
             request.start_attempt(prefill)
             if log.isEnabledFor(logging.INFO):
                 log.info("dispatch", extra={"request_id": request_id, "route": route, "attempt": request.attempt,

@@ -14,6 +14,8 @@ more); their ids are checked per pair, length first.
 from __future__ import annotations
 
 import re
+import sys
+import unicodedata
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -39,7 +41,7 @@ TEMPLATE_TOKENS = 8  # a chat template's tokens around each message
 def _text_tokens(texts: list[str]) -> int:
     return sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts)
 LIMITS_DOC = "docs/limits.md"
-_REQUIRED = frozenset({"messages", "prompt", "role", "content"})
+REQUIRED = frozenset({"messages", "prompt", "role", "content"})
 
 
 def client_request_id(value: str) -> str:
@@ -67,6 +69,9 @@ class Checked:
     longest_prompt: int = 0
     prompt_exact: bool = False
     prompt_field: str = "text"
+    # (param, text) of each text prompt made only of characters a tokenizer may drop: counted by the pair's tokenizer
+    # before dispatch (router/kv_fit.py, count_texts), and a 0-token one refused. Empty for every ordinary request.
+    may_vanish: tuple[tuple[str, str], ...] = ()
 
     @property
     def hint(self) -> str:
@@ -141,7 +146,7 @@ def _check_prompts(checked: Checked, limits: ModelLimits) -> None:
 @cache
 def _model(name: str) -> type[BaseModel]:
     table = _TABLES[name]
-    fields: dict[str, Any] = {key: (rule.type, ... if key in _REQUIRED else None)
+    fields: dict[str, Any] = {key: (rule.type, ... if key in REQUIRED else None)
                               for key, rule in table.items() if rule.decision is not Decision.REFUSED}
     return create_model(name, __config__=ConfigDict(extra="forbid", strict=True), **fields)
 
@@ -226,15 +231,64 @@ def _client_rid(rid: str | list[str] | None, batch_size: int | None) -> str | No
 
 
 def _id_prompts(value: list, field: str) -> tuple[int | None, tuple[list, ...]]:
-    """(batch size, prompts) of a list of ids or a list of lists of ids; shape errors are 400s."""
+    """(batch size, prompts) of a list of ids or a list of lists of ids; shape errors are 400s naming the item.
+
+    Each item of a batch is a request of its own on both workers, and an empty one is a 0-token prefill that crashes
+    SGLang 0.5.23's scheduler (and then the decode waiting for its KV): every item is decided, not only the list."""
     if isinstance(value[0], list):
-        if len(value) > MAX_BATCH:
-            raise ApiError(400, f"{field} has {len(value)} items; a batch is at most {MAX_BATCH}", field)
+        _batch_size(value, field)
         for i, ids in enumerate(value):
             if not isinstance(ids, list) or not ids:
-                raise ApiError(400, f"{field}[{i}] must be a non-empty list of token ids", field)
+                raise ApiError(400, f"{field}[{i}] must be a non-empty list of token ids (a batch is all lists)",
+                               f"{field}[{i}]")
         return len(value), tuple(value)
     return None, (value,)
+
+
+def _batch_size(value: list, field: str) -> None:
+    if len(value) > MAX_BATCH:
+        raise ApiError(400, f"{field} has {len(value)} items; a batch is at most {MAX_BATCH}", field)
+
+
+def _text_batch(value: list, field: str) -> None:
+    """A batch of texts (completions' `prompt` as a list with a string in it): every item a non-empty string."""
+    _batch_size(value, field)
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ApiError(400, f"{field}[{i}] is not a string: a batch of prompts is all texts or all token-id "
+                                f"lists", f"{field}[{i}]")
+        if not item:
+            raise ApiError(400, f"{field}[{i}] is empty: every prompt must have at least one token", f"{field}[{i}]")
+
+
+# Characters a tokenizer's normalizer may drop (controls, format characters, unassigned and private-use code points,
+# separators, combining marks): a text made only of them can be 0 tokens for a tokenizer that adds no BOS. Bytes
+# decide every other text (at least one token); these are counted by the pair's own tokenizer before dispatch.
+_MAY_VANISH = ("Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp", "Mn", "Me")
+
+
+def may_vanish(text: str) -> bool:
+    rest = text.strip()  # whitespace, in C
+    if not rest:
+        return True
+    if unicodedata.category(rest[0]) not in _MAY_VANISH:  # every ordinary text: decided by its first character
+        return False
+    return _only_vanishing().fullmatch(rest) is not None  # rare: a regex, so that a long one costs C time, not Python's
+
+
+@cache
+def _only_vanishing() -> re.Pattern[str]:
+    """[every code point of _MAY_VANISH]*, built on first need (~0.7 s: it reads the category of every code point)."""
+    ranges: list[str] = []
+    start = None
+    for point in range(sys.maxunicode + 2):
+        vanishes = point <= sys.maxunicode and unicodedata.category(chr(point)) in _MAY_VANISH
+        if vanishes and start is None:
+            start = point
+        elif not vanishes and start is not None:
+            ranges.append(f"\\U{start:08x}-\\U{point - 1:08x}")
+            start = None
+    return re.compile(f"[{''.join(ranges)}]*")
 
 
 # --- the three routes ------------------------------------------------------------------------------------------------
@@ -271,7 +325,14 @@ def check_generate(body: dict[str, Any]) -> Checked:
         tokens, longest = _text_tokens(texts), text_bound(texts)
     return Checked(batch_size, body.get("stream") is True, first, "input_ids" if prompts else None, prompts,
                    _client_rid(body.get("rid"), batch_size), tuple(checks.id_fields), tuple(checks.counts), tokens,
-                   longest, bool(prompts), "input_ids" if prompts else "text")
+                   longest, bool(prompts), "input_ids" if prompts else "text",
+                   _vanishing("text", body["text"]) if not prompts else ())
+
+
+def _vanishing(field: str, value: str | list) -> tuple[tuple[str, str], ...]:
+    if isinstance(value, str):
+        return ((field, value),) if may_vanish(value) else ()
+    return tuple((f"{field}[{i}]", text) for i, text in enumerate(value) if may_vanish(text))
 
 
 def check_completion(body: dict[str, Any]) -> Checked:
@@ -282,10 +343,13 @@ def check_completion(body: dict[str, Any]) -> Checked:
     prompt, stream, extra = body["prompt"], body.get("stream") is True, (tuple(checks.id_fields), tuple(checks.counts))
     if isinstance(prompt, str):
         return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra,
-                       _text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt")
-    if all(isinstance(p, str) for p in prompt):  # a batch of texts (checked by the table's type)
+                       _text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt",
+                       may_vanish=_vanishing("prompt", prompt))
+    if isinstance(prompt[0], str):  # a batch of texts (a list of ids or of id lists: below)
+        _text_batch(prompt, "prompt")
         return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra,
-                       _text_tokens(prompt), text_bound(prompt), prompt_field="prompt")
+                       _text_tokens(prompt), text_bound(prompt), prompt_field="prompt",
+                       may_vanish=_vanishing("prompt", prompt))
     batch_size, prompts = _id_prompts(prompt, "prompt")
     return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra,
                    sum(map(len, prompts)), max(map(len, prompts)), True, "prompt")

@@ -84,6 +84,7 @@ Flag = StrictBool
 Text = Annotated[StrictStr, Field(min_length=1)]  # SGLang makes an empty prompt of "" with a tokenizer without BOS
 Name = Annotated[StrictStr, Field(max_length=MAX_NAME_CHARS)]
 Count = Annotated[StrictInt, Field(ge=0, le=INT32)]  # and <= the pair's context length (PairLimit.TOKENS)
+PositiveCount = Annotated[StrictInt, Field(ge=1, le=INT32)]  # likewise
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32)]  # and < the pair's vocabulary (PairLimit.TOKEN_IDS)
 TokenIds = Annotated[list[TokenId], Field(max_length=MAX_IDS_LISTED)]
 Temperature = Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)]

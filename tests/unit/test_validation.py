@@ -11,6 +11,7 @@ from router.validation import (
     check_for_pair,
     check_generate,
     client_request_id,
+    may_vanish,
 )
 
 
@@ -22,8 +23,9 @@ from router.validation import (
         ({"text": "a", "input_embeds": [[0.1]]}, "input_embeds", "input_embeds is not accepted: embeddings bypass"),
         ({"text": 5}, "text", "text"),
         ({"input_ids": "1 2"}, "input_ids", "input_ids"),
-        ({"input_ids": [[1], 2]}, "input_ids", "input_ids[1] must be a non-empty list"),
-        ({"input_ids": [[1], []]}, "input_ids", "input_ids[1] must be a non-empty list"),
+        ({"input_ids": [[1], 2]}, "input_ids[1]", "input_ids[1] must be a non-empty list"),
+        ({"input_ids": [[1], []]}, "input_ids[1]", "input_ids[1] must be a non-empty list"),
+        ({"text": ["a", ""]}, "text[1]", "at least 1 character"),
         ({"text": "a", "rid": 5}, "rid", "rid"),
         ({"text": ["a", "b"], "rid": ["x"]}, "rid", "1 items for 2 inputs"),
         ({"text": "a", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens", "greater than"),
@@ -65,7 +67,7 @@ def test_valid_generate_bodies_pass_and_report_batches():
         (check_chat, {"model": "m", "messages": [{"content": "hi"}]}, "messages[0].role"),
         (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
         (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "rid": 7}, "rid"),
-        (check_completion, {"model": "m", "prompt": [[1], "a"]}, "prompt"),
+        (check_completion, {"model": "m", "prompt": [[1], "a"]}, "prompt[1]"),
     ],
 )
 def test_bad_openai_bodies_get_400_naming_the_field(check, body, param):
@@ -133,3 +135,50 @@ def test_a_client_request_id_is_limited(value):
 
 def test_a_client_request_id_like_a_uuid_is_kept():
     assert client_request_id("0b8e7a4c-2f0e-4a8e-9c1d-5d6f7e8a9b0c") == "0b8e7a4c-2f0e-4a8e-9c1d-5d6f7e8a9b0c"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param", "fragment"),
+    [
+        (["a", ""], "prompt[1]", "prompt[1] is empty"),  # crashed SGLang's prefill scheduler (a 0-token extend)
+        ([""], "prompt[0]", "prompt[0] is empty"),
+        (["a", [1, 2]], "prompt[1]", "all texts or all token-id lists"),
+        ([[1, 2], "a"], "prompt[1]", "a batch is all lists"),
+        ([[1], []], "prompt[1]", "non-empty list of token ids"),
+        (["a"] * 65, "prompt", "a batch is at most 64"),
+        ([[1]] * 65, "prompt", "a batch is at most 64"),
+    ],
+)
+def test_every_item_of_a_completion_prompt_is_decided(prompt, param, fragment):
+    with pytest.raises(ApiError) as caught:
+        check_completion({"model": "m", "prompt": prompt})
+    assert (caught.value.status, caught.value.param) == (400, param)
+    assert fragment in caught.value.message
+
+
+def test_completions_refuse_max_tokens_0_as_sglang_does():
+    with pytest.raises(ApiError) as caught:
+        check_completion({"model": "m", "prompt": "a", "max_tokens": 0})
+    assert caught.value.param == "max_tokens"
+    assert check_completion({"model": "m", "prompt": "a", "max_tokens": 1})
+
+
+@pytest.mark.parametrize(("text", "vanishes"), [
+    (" ", True), ("\u200b\u200b", True), ("\u0000", True), ("\n\t \u2028", True), ("\u0301", True),
+    ("a", False), ("  a  ", False), ("\u200ba", False), ("é", False), ("🦀", False), (" " * 10**6 + ".", False),
+])
+def test_only_texts_a_normalizer_may_erase_are_counted_by_the_pair(text, vanishes):
+    assert may_vanish(text) is vanishes
+    checked = check_completion({"model": "m", "prompt": ["x", text]})
+    assert checked.may_vanish == ((("prompt[1]", text),) if vanishes else ())
+    single = check_generate({"text": text})
+    assert single.may_vanish == ((("text", text),) if vanishes else ())
+
+
+def test_a_long_text_of_format_characters_costs_c_time():
+    """16 MiB of zero-width spaces (the router's body limit) are decided by a regex, not a Python loop."""
+    import time
+    may_vanish("\u200b")  # the pattern is built once, on first need
+    started = time.process_time()
+    assert may_vanish("\u200b" * (16 * 2**20 // 3))
+    assert time.process_time() - started < 1.0
