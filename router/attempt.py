@@ -27,7 +27,15 @@ import orjson
 from pdcluster.http import error_body
 from router import logprobs
 from router.edge import Answer, StreamAnswer
-from router.failures import HALF_ERRORS, DeadlinePassed, HalfFailed, as_failure, halves_to_abort, status_failure
+from router.failures import (
+    HALF_ERRORS,
+    DeadlinePassed,
+    HalfFailed,
+    as_failure,
+    halves_to_abort,
+    status_failure,
+    worker_reason,
+)
 from router.health import mark_failed
 from router.prefill_half import PrefillHalf
 from router.request import PdRequest
@@ -121,6 +129,8 @@ class Attempt:
                     first = False
                 if b"cached_tokens" in chunk:
                     last = chunk
+                elif b'"error"' in chunk:  # a worker's error event: its reason in the router's shape, cleaned
+                    chunk = _clean_error_events(chunk, self.decode)
                 yield chunk
             metrics.count_cached(_last_event(last))
             self.end(delivered=True)
@@ -173,6 +183,26 @@ class Attempt:
         if failure.transport:  # unreachable or dropped the connection: out of rotation until a probe succeeds
             mark_failed(worker, threshold=1)
             self.d.metrics.ejections.labels(worker.role.value).inc()
+
+
+def _clean_error_events(chunk: bytes, decode: Worker) -> bytes:
+    """The chunk with each whole `data: {"error": ...}` event rewritten as the router's error (failures.worker_reason):
+    SGLang's own carries its shape, and may carry a traceback or a path of the worker's files."""
+    events = chunk.split(b"\n\n")
+    for i, event in enumerate(events):
+        if event.startswith(b"data: {") and b'"error"' in event:
+            try:
+                payload = orjson.loads(event[6:])
+            except orjson.JSONDecodeError:
+                continue
+            error = payload.get("error") if isinstance(payload, dict) else None
+            if error is None:
+                continue
+            code = error.get("code") if isinstance(error, dict) else None
+            status = code if isinstance(code, int) and 400 <= code < 600 else 500
+            reason = worker_reason(event[6:]) or "no reason given"
+            events[i] = b"data: " + orjson.dumps(error_body(status, f"decode {decode.worker_id}: {reason}"))
+    return b"\n\n".join(events)
 
 
 def _last_event(chunk: bytes) -> bytes:

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pdcluster.http import error_parts, read_body
+
+log = logging.getLogger("pdcluster.router")
 
 
 @dataclass
@@ -109,9 +112,14 @@ class Edge:
         self.app, self.routes = app, routes
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-        route = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
         if route is None:
             await self.app(scope, receive, send)
+        elif scope["method"] != "POST":
+            answer = error_answer(405, f"{scope['path']} takes POST only", None)
+            answer.headers["allow"] = "POST"
+            await send({"type": "http.response.start", "status": 405, "headers": _headers(answer)})
+            await send({"type": "http.response.body", "body": answer.body if scope["method"] != "HEAD" else b""})
         else:
             await self._respond(route, scope, receive, send)
 
@@ -126,7 +134,13 @@ class Edge:
         request = EdgeRequest(scope, receive, on_disconnect)
         answer: Answer | StreamAnswer | None = None
         try:
-            answer = await route(request)
+            try:
+                answer = await route(request)
+            except ClientGone:
+                raise
+            except Exception:  # a defect of the router's: still a JSON answer, never uvicorn's plain-text 500
+                log.exception("unexpected error before the answer", extra={"path": scope["path"]})
+                answer = error_answer(500, "the router failed on this request (its log has the details)")
             await send({"type": "http.response.start", "status": answer.status, "headers": _headers(answer)})
             if isinstance(answer, Answer):
                 await send({"type": "http.response.body", "body": answer.body})

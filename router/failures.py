@@ -5,10 +5,15 @@ Retryable (before the client got a byte): the worker could not be reached, dropp
 5xx/429. Not retryable: a timeout (the work may be running still) and a worker's own 4xx (the request's fault).
 
 What a client reads names the role and the worker's id, never a URL or an operating system's error text: those
-stay in `detail`, which goes to the router's log with the request id.
+stay in `detail`, which goes to the router's log with the request id. A worker's own refusal keeps its reason, in
+the router's error shape, with what only the server should know taken out (worker_reason).
 """
 
 from __future__ import annotations
+
+import re
+
+import orjson
 
 from router.edge import Answer, error_answer
 from router.upstream import ConnectFailed, ReadTimeout, UpstreamError
@@ -38,10 +43,11 @@ class HalfFailed(Exception):
         return worker_fault(self.status)
 
     def answer(self) -> Answer:
-        if self.body and 400 <= self.status < 500:
-            # A worker's own 4xx (e.g. prompt longer than the context) is the client's problem: pass it on as is.
-            # (Its body can be lost: the other half's failure may interrupt its reading. Then ours says the status.)
-            return Answer(self.status, self.body)
+        if 400 <= self.status < 500 and (reason := worker_reason(self.body)):
+            # A worker's own 4xx (e.g. prompt longer than the context) is the client's problem: its reason, in the
+            # router's shape. (Its body can be lost: the other half's failure may interrupt its reading. Then ours
+            # says the status.)
+            return error_answer(self.status, f"{self.message}: {reason}")
         return error_answer(self.status, self.message)
 
 
@@ -108,3 +114,32 @@ def status_failure(worker: Worker, status: int, payload: bytes) -> HalfFailed:
                                        "Grammar accept_token failed)", detail=f"{worker.url}: {payload[:200]!r}")
     return HalfFailed(worker, status if status < 500 else 502, f"{_who(worker)} answered {status}",
                       payload, worker_fault(status), detail=f"{worker.url}: {payload[:200]!r}")
+
+
+# What a worker's message may carry that a client must not read: a traceback, a path of the server's files, an
+# internal address. SGLang 0.5.23 puts all three into some 400s (a pydantic error raised in its own code).
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\):[ \t]*\n(?:[ \t]+[^\n]*(?:\n|$))*")  # its frames
+_FRAME = re.compile(r'\s*File "[^"]*", line \d+[^\n]*')
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
+_ADDRESS = re.compile(r"\b(?:https?|tcp|zmq|ipc)://\S+|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b|\blocalhost:\d+")
+_REASON_CHARS = 500
+
+
+def clean_reason(message: str) -> str:
+    """A worker's message as a client may read it: no traceback, file path or internal address, one line, bounded."""
+    message = _ADDRESS.sub("<address>", _PATH.sub("<path>", _FRAME.sub("", _TRACEBACK.sub("", message))))
+    message = " ".join(message.split())
+    return message if len(message) <= _REASON_CHARS else message[:_REASON_CHARS - 3] + "..."
+
+
+def worker_reason(body: bytes | None) -> str:
+    """The reason in a worker's error body, cleaned: SGLang's OpenAI shape ({"object": "error", "message"}), its
+    native one ({"error": {"message"}} or {"error": "..."}), or "" when the body says none."""
+    try:
+        payload = orjson.loads(body or b"")
+    except orjson.JSONDecodeError:
+        return ""
+    if isinstance(payload, dict) and "error" in payload:
+        payload = payload["error"]
+    message = payload.get("message") if isinstance(payload, dict) else payload
+    return clean_reason(message) if isinstance(message, str) else ""

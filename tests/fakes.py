@@ -29,6 +29,8 @@ class Behaviour:
     fail_first: int = 0  # answer the first N requests with 503, then behave
     first_chunk_delay: float = 0.0  # a stream's head goes out at once (as SGLang's does), its first event this late
     stall_after_chunks: int | None = None  # send nothing more mid-stream (a stuck scheduler) until aborted
+    error_message: str | None = None  # what a failing answer says (SGLang's OpenAI shape), instead of the default
+    error_event: str | None = None  # a stream's last event: SGLang's error event with this message
 
 
 @dataclass
@@ -93,6 +95,9 @@ class FakeWorker:
                 return JSONResponse({"error": {"message": "aborted"}}, status_code=500)
             if b.status != 200 or len(self.received) <= b.fail_first:
                 status = b.status if b.status != 200 else 503
+                if b.error_message is not None:
+                    return JSONResponse({"object": "error", "message": b.error_message, "type": "BadRequestError",
+                                         "param": None, "code": status}, status_code=status)
                 return JSONResponse({"error": {"message": f"fake failure {status}"}}, status_code=status)
             if not body.get("stream"):
                 return JSONResponse({"text": "x" * b.chunks, "output_ids": list(range(b.chunks)),
@@ -116,6 +121,9 @@ class FakeWorker:
             yield f"data: {json.dumps({'text': 'x' * (i + 1), 'output_ids': list(range(i + 1))})}\n\n".encode()
             if b.chunk_delay:
                 await asyncio.sleep(b.chunk_delay)
+        if b.error_event is not None:
+            error = {"object": "error", "message": b.error_event, "type": "BadRequestError", "param": None, "code": 400}
+            yield f"data: {json.dumps({'error': error})}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
 
