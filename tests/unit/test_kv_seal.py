@@ -180,3 +180,17 @@ def test_the_secret_comes_from_its_file_or_the_environment(tmp_path):
     for bad in (tmp_path / "empty", tmp_path / "missing"):
         with pytest.raises(SecretError):
             load_secret(str(bad))
+
+
+def test_sglangs_backend_factory_loads_it_from_the_workers_extra_config(ns, tmp_path):
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    from pdcluster.kvstore import wiring
+
+    extra = {**wiring.extra_config('{"prefetch_threshold": 64}', None), "file_storage_path": str(ns)}
+    config = HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                                  is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+                                  model_name="tiny", extra_config=extra)
+    backend = StorageBackendFactory.create_backend(wiring.BACKEND, config, None)
+    assert isinstance(backend, SealedFileStorage) and backend.seal.namespace == NAMESPACE
+    assert backend.set("k1", page(1)) and torch.equal(read(backend, "k1"), page(1))
