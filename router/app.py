@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
+from router import openapi
 from router.admission import Admissions
 from router.breaker import CircuitBreaker
 from router.config import RouterConfig
@@ -83,6 +84,14 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         await upstream.close()
 
     app = FastAPI(title="pdcluster router", lifespan=lifespan, telemetry=NO_TELEMETRY)
+    own_document = app.openapi
+
+    def contract() -> dict[str, Any]:  # made once, on the first GET /openapi.json
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi.document(own_document())
+        return app.openapi_schema
+
+    app.openapi = contract  # type: ignore[method-assign]
     app.state.pool = pool
     app.state.metrics = metrics
     install_error_handlers(app)
