@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr
 
@@ -111,5 +111,5 @@ LogitBias = Annotated[dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,10}$")]
                       Field(max_length=MAX_IDS_LISTED)]
 Seed = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
 StreamInterval = Annotated[StrictInt, Field(ge=1, le=MAX_STREAM_INTERVAL)]
-One = Literal[1]  # n, best_of: a PD request is one sample (send n requests)
+One = Annotated[StrictInt, Field(ge=1, le=1)]  # n, best_of: a PD request is one sample (Literal[1] took true)
 ClientId = StrictStr | list[StrictStr]
