@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+import psutil
 
 from bench.procs import free_port
 
@@ -103,3 +104,16 @@ def assert_plugin_refuses(plugin, internals, monkeypatch, change: str) -> str:
     assert not isinstance(exc.value, Exception)
     assert not internals._undo
     return str(exc.value)
+
+
+def sglang_processes(cluster) -> dict[str, set[int]]:
+    """Each worker's SGLang processes (the launcher's children): a crashed scheduler changes them."""
+    out = {}
+    for name, process in cluster.processes.items():
+        if name.startswith(("prefill", "decode")):
+            out[name] = {p.pid for p in psutil.Process(process.popen.pid).children(recursive=True)}
+    return out
+
+
+# The router's own error event in a stream that a worker failed: its messages name one of these.
+ROUTER_ERRORS = ("unreachable", "dropped the connection", "stopped answering", "no healthy pair", "answered 5")

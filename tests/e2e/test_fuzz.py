@@ -6,6 +6,10 @@ end, the local cluster restarted nothing, and every worker is healthy. Bounded: 
 
 The seed is printed; replay a run with PDCLUSTER_FUZZ_SEED=<seed>. What a run finds becomes a plain regression
 test in tests/e2e/test_trust_boundary.py (and a decision in router/inventory/).
+
+The schema-driven fuzzer (tests/e2e_smollm2/test_schema_fuzz.py) covers what the router's /openapi.json can say; this
+one keeps what it cannot: values at the pair's own limits (its vocabulary and context length, +-1), refused fields
+sent with hostile values, and grammars that are valid but ruinous.
 """
 
 from __future__ import annotations
@@ -16,27 +20,16 @@ import random
 import time
 
 import httpx
-import psutil
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from tests.e2e.fuzz_bodies import BodyMaker
-from tests.helpers import listing
+from tests.helpers import ROUTER_ERRORS, listing, sglang_processes
 
 FUZZ_EXAMPLES = int(os.environ.get("PDCLUSTER_FUZZ_EXAMPLES", "120"))
 SEED = int(os.environ.get("PDCLUSTER_FUZZ_SEED") or random.SystemRandom().getrandbits(32))
 ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions"]
 TIMEOUT = 180  # seconds one request may take: the longest answer a fuzzed body can ask for is a few thousand tokens
-ROUTER_ERRORS = ("unreachable", "dropped the connection", "stopped answering", "no healthy pair", "answered 5")
-
-
-def sglang_processes(cluster) -> dict[str, set[int]]:
-    """Each worker's SGLang processes (the launcher's children): a crashed scheduler changes them."""
-    out = {}
-    for name, process in cluster.processes.items():
-        if name.startswith(("prefill", "decode")):
-            out[name] = {p.pid for p in psutil.Process(process.popen.pid).children(recursive=True)}
-    return out
 
 
 def judge(route: str, body: dict, status: int, text: str) -> str | None:

@@ -1,0 +1,157 @@
+"""The router's contract, fuzzed against real SmolLM2 workers: schemathesis reads the router's own /openapi.json and
+makes bodies that fit it (positive) and bodies that break it (negative), FUZZ_CASES per PD route.
+
+Every answer must: be no 5xx; be a documented status with a documented content type; fit its response schema; be a
+4xx for a body the schema refuses; carry no traceback, path of the server's files or internal address. At the end
+no worker may have restarted or lost a process. Cases are made first, then sent FUZZ_CLIENTS at a time, so that the
+workers also meet them batched together, as they meet real traffic.
+
+Generation is capped at a few tokens per request (`_few_tokens`): the fuzzer looks for what a worker cannot survive,
+not for long answers, and 1,000 cases per route must fit the suite's time budget. The seed is printed; replay with
+PDCLUSTER_FUZZ_SEED=<seed>. The hand-written hostile bodies (tests/e2e/test_fuzz.py) keep what a schema cannot say:
+values at the pair's own limits (vocabulary and context length, +-1), grammars that are valid but ruinous.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.generation import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.e2e_smollm2.conftest import REPO
+from tests.helpers import ROUTER_ERRORS, sglang_processes
+
+FUZZ_CASES = int(os.environ.get("PDCLUSTER_FUZZ_CASES", "1000"))  # per route: a quarter positive, the rest negative
+FUZZ_CLIENTS = 6
+SEED = int(os.environ.get("PDCLUSTER_FUZZ_SEED") or random.SystemRandom().getrandbits(32))
+ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions"]
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
+          negative_data_rejection]
+MAX_TOKENS = 4
+MAX_ITEMS = 4  # of a batch: each item is a request of its own on both workers
+_COUNTS = {"max_new_tokens", "min_new_tokens", "max_tokens", "min_tokens", "max_completion_tokens"}
+# What only the server should know: a traceback, a path of its files, an internal address (ip:port).
+LEAK = re.compile("|".join([r"Traceback \(most recent", r'File "[^"]+", line', "site-packages", re.escape(str(REPO)),
+                             r"\b\d{1,3}(?:\.\d{1,3}){3}:\d+"]))
+
+
+def _few_tokens(value: Any) -> Any:
+    """The body with every token count that asks for more than MAX_TOKENS lowered to it (where it is a valid one),
+    and integers as JSON clients write them: JSON Schema counts 5.0 as an integer, the router's strict types do not
+    (the contract says so), and a positive case should reach the workers."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: (MAX_TOKENS if k in _COUNTS and type(v) is int and MAX_TOKENS < v <= 2**31 - 1 else _few_tokens(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_few_tokens(v) for v in value]
+    return value
+
+
+def capped(route: str, body: Any) -> Any:
+    """`body` asking for at most MAX_TOKENS per answer for at most MAX_ITEMS prompts: counts lowered, a limit added
+    where it gives none (a chat without one generates up to the context length: minutes on a CPU), and a batch's
+    lists (prompts, their sampling_params and rids) cut alike (a batch of 64 is 64 requests on both workers)."""
+    body = _few_tokens(body)
+    if not isinstance(body, dict):
+        return body
+    for key in ("text", "input_ids", "prompt", "sampling_params", "rid"):
+        items = body.get(key)
+        if isinstance(items, list) and len(items) > MAX_ITEMS:  # a single prompt's ids: only shorter
+            body[key] = items[:MAX_ITEMS]
+    if route != "/generate":
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            body["max_tokens"] = MAX_TOKENS
+        return body
+    params = body.get("sampling_params")
+    for one in params if isinstance(params, list) else [params]:
+        if isinstance(one, dict) and one.get("max_new_tokens") is None:
+            one["max_new_tokens"] = MAX_TOKENS
+    if params is None:
+        body["sampling_params"] = {"max_new_tokens": MAX_TOKENS}
+    return body
+
+
+def make_cases(operation, mode: GenerationMode, count: int, salt: int) -> list:
+    cases: list = []
+
+    @seed(SEED + salt)
+    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def collect(case) -> None:
+        cases.append(case)
+
+    collect()
+    return cases
+
+
+def problems_of(case, router_url: str, sessions: threading.local) -> str | None:
+    case.body = capped(case.path, case.body)
+    session = getattr(sessions, "session", None) or requests.Session()
+    sessions.session = session
+    try:
+        response = case.call(base_url=router_url, session=session, timeout=300)
+    except requests.RequestException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        case.validate_response(response, checks=CHECKS)
+    except (Exception, BaseExceptionGroup) as exc:  # schemathesis raises a group of the checks that failed
+        return f"{response.status_code} {type(exc).__name__}: {str(exc)[:600]}"
+    headers = {name: ", ".join(values) for name, values in response.headers.items()}  # schemathesis keeps lists
+    seen = response.text + "".join(f"{k}: {v}\n" for k, v in headers.items())
+    if leak := LEAK.search(seen):
+        return f"{response.status_code}: the answer shows {leak.group(0)!r}: {seen[:300]}"
+    if headers.get("content-type", "").startswith("text/event-stream"):
+        errors = [line for line in response.text.splitlines() if line.startswith("data:") and '"error"' in line]
+        if any(e in line for line in errors for e in ROUTER_ERRORS):
+            return f"a stream failed: {errors[0][:300]}"
+    return None
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_the_contract_holds_on_real_workers(cluster, router, route):
+    print(f"\nschema fuzz seed: {SEED} (replay: PDCLUSTER_FUZZ_SEED={SEED}), {FUZZ_CASES} cases on {route}")
+    operation = schemathesis.openapi.from_dict(router.get("/openapi.json").json())[route]["POST"]
+    positive = FUZZ_CASES // 4
+    salt = ROUTES.index(route) * 2
+    cases = [*make_cases(operation, GenerationMode.POSITIVE, positive, salt),
+             *make_cases(operation, GenerationMode.NEGATIVE, FUZZ_CASES - positive, salt + 1)]
+    processes, restarts = sglang_processes(cluster), cluster.restarts()
+    sessions = threading.local()
+    def judged(case) -> str | None:
+        problem = problems_of(case, cluster.router_url, sessions)
+        if problem:
+            print(f"found: {problem[:300]}\n    body: {str(case.body)[:300]}", flush=True)
+        return problem
+
+    with ThreadPoolExecutor(FUZZ_CLIENTS) as pool:
+        found = [(case, problem) for case, problem in zip(cases, pool.map(judged, cases), strict=True) if problem]
+    statuses: dict[str, int] = {}
+    for case in cases:
+        statuses[case.meta.generation.mode.value] = statuses.get(case.meta.generation.mode.value, 0) + 1
+    print(f"sent {len(cases)} cases {statuses}")
+    assert len(cases) >= FUZZ_CASES * 0.9, f"schemathesis made only {len(cases)} cases"  # it stops on no new ones
+    assert not found, f"seed {SEED}: {len(found)} bad answers; the first:\n" + "\n".join(
+        f"{problem}\n    body: {str(case.body)[:400]}" for case, problem in found[:5])
+    assert cluster.restarts() == restarts
+    assert sglang_processes(cluster) == processes, "a worker's SGLang processes changed: one crashed"
+    ready = router.get("/ready").json()
+    assert ready["ready"] and all(w["healthy"] for w in ready["workers"]), ready
