@@ -29,8 +29,10 @@ MAX_NEW = 16
 # A few hundred tokens at most: one SmolLM2 prefill forward stays well under a second or two on 2 busy cores.
 LONG = 300
 PAGE = 64  # kv_store's page size (SGLang's on the CPU profile): only whole pages are written to the volume
-# The stream a stopped decode must finish: long enough to be mid-way when `docker stop` comes, a few seconds on a CPU.
-STREAM_TOKENS = 96
+# The stream a stopped decode must finish: mid-way when `docker stop` comes (it comes after the first token), and short
+# enough to end within the launcher's drain (the grace period less 10 s: 50 s) on a loaded 2-core machine. 96 tokens
+# did not: with other clusters on the cores a decode made ~1.2 tokens/s, and was killed at 62.
+STREAM_TOKENS = 24
 LONG_STREAM = {"text": "Count slowly", "stream": True,
                "sampling_params": {"max_new_tokens": STREAM_TOKENS, "temperature": 0, "ignore_eos": True}}
 PREFILL, DECODE = f"prefill-{PROFILE}", f"decode-{PROFILE}"
