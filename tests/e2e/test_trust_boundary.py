@@ -59,6 +59,13 @@ HOSTILE = [
                  "chat_template_kwargs", id="chat-template-kwargs"),
     pytest.param("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 2, "n": None}}, 200, "",
                  id="null-n"),
+    # An empty item of a batch is a 0-token prefill: it killed SGLang's prefill scheduler, then the decode.
+    pytest.param("/v1/completions", {"model": "tiny-llama", "prompt": ["a", ""], "max_tokens": 2}, 400,
+                 "prompt[1] is empty", id="empty-prompt-item"),
+    pytest.param("/generate", {"text": ["a", ""]}, 400, "text[1]", id="empty-text-item"),
+    pytest.param("/generate", {"input_ids": [[5], []]}, 400, "input_ids[1]", id="empty-ids-item"),
+    pytest.param("/v1/completions", {"model": "tiny-llama", "prompt": "a", "max_tokens": 0}, 400, "max_tokens",
+                 id="completion-max-tokens-0"),
     # SGLang answers 500 for a grammar that admits no token: the request's fault (400), not the worker's.
     pytest.param("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4, "ebnf": "root ::= root"}}, 400,
                  "grammar admits no token", id="empty-grammar"),
