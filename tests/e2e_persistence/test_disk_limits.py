@@ -19,13 +19,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pdcluster.kvstore.page_seal import TRAILER_SIZE
 from tests.e2e.reference import assert_matches
 from tests.e2e_persistence.conftest import greedy_ids, prompt_ids
 from tests.helpers import CLUSTER_POLL, until
 
 MAX_NEW = 8
 PAGE_BYTES = 64 * 1024  # the demo shape, float32: 2 layers x (K, V) x 64 values x 4 bytes x 64 tokens
-MAX_SIZE = 10 * PAGE_BYTES
+# 10 page files, each a page and its seal: with 9 (a prompt's pages) the evictor removes the last prompt's first pages
+# to make room for its later ones.
+MAX_SIZE = 10 * (PAGE_BYTES + TRAILER_SIZE)
 ROOT = os.geteuid() == 0
 
 
