@@ -12,11 +12,18 @@ Prompts given as token ids are counted exactly. Text is bounded from above by it
 SentencePiece with byte fallback never make more tokens than bytes) plus slack for special tokens and a chat
 template; only when that bound is over every candidate's budget does a decode count the prompt (SGLang's /tokenize),
 so a cluster whose decodes hold their context never pays for it.
+
+The same bytes bound a text from below: every text has a token, except one made only of characters a normalizer may
+drop (`may_vanish`); only such a text is counted, and refused at 0 tokens (`refuse_empty_texts`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
+import unicodedata
+from functools import cache
 from typing import TYPE_CHECKING
 
 import orjson
@@ -47,6 +54,36 @@ def text_bound(texts: list[str]) -> int:
 def chat_bound(texts: list[str], messages: int) -> int:
     """At least the tokens of the rendered conversation."""
     return sum(len(text.encode()) for text in texts) + MESSAGE_TOKENS * messages + CHAT_TEMPLATE_TOKENS
+
+
+# Characters a tokenizer's normalizer may drop (controls, format characters, unassigned and private-use code points,
+# separators, combining marks): a text made only of them can be 0 tokens for a tokenizer that adds no BOS. Bytes
+# decide every other text (at least one token); these are counted by the pair's own tokenizer before dispatch.
+_MAY_VANISH = ("Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp", "Mn", "Me")
+
+
+def may_vanish(text: str) -> bool:
+    rest = text.strip()  # whitespace, in C
+    if not rest:
+        return True
+    if unicodedata.category(rest[0]) not in _MAY_VANISH:  # every ordinary text: decided by its first character
+        return False
+    return _only_vanishing().fullmatch(rest) is not None  # rare: a regex, so that a long one costs C time, not Python's
+
+
+@cache
+def _only_vanishing() -> re.Pattern[str]:
+    """[every code point of _MAY_VANISH]*, built on first need (~0.7 s: it reads the category of every code point)."""
+    ranges: list[str] = []
+    start = None
+    for point in range(sys.maxunicode + 2):
+        vanishes = point <= sys.maxunicode and unicodedata.category(chr(point)) in _MAY_VANISH
+        if vanishes and start is None:
+            start = point
+        elif not vanishes and start is not None:
+            ranges.append(f"\\U{start:08x}-\\U{point - 1:08x}")
+            start = None
+    return re.compile(f"[{''.join(ranges)}]*")
 
 
 class PromptTooLong(Exception):

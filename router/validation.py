@@ -14,8 +14,6 @@ more); their ids are checked per pair, length first.
 from __future__ import annotations
 
 import re
-import sys
-import unicodedata
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -27,7 +25,7 @@ from pdcluster.config_file import field_path
 from pdcluster.http import ApiError
 from router.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision, PairLimit, Rule
 from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES
-from router.kv_fit import chat_bound, text_bound
+from router.kv_fit import chat_bound, may_vanish, text_bound
 
 # A client's request id is echoed back and logged, never sent to SGLang (which aborts by rid prefix).
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
@@ -259,36 +257,6 @@ def _text_batch(value: list, field: str) -> None:
                                 f"lists", f"{field}[{i}]")
         if not item:
             raise ApiError(400, f"{field}[{i}] is empty: every prompt must have at least one token", f"{field}[{i}]")
-
-
-# Characters a tokenizer's normalizer may drop (controls, format characters, unassigned and private-use code points,
-# separators, combining marks): a text made only of them can be 0 tokens for a tokenizer that adds no BOS. Bytes
-# decide every other text (at least one token); these are counted by the pair's own tokenizer before dispatch.
-_MAY_VANISH = ("Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp", "Mn", "Me")
-
-
-def may_vanish(text: str) -> bool:
-    rest = text.strip()  # whitespace, in C
-    if not rest:
-        return True
-    if unicodedata.category(rest[0]) not in _MAY_VANISH:  # every ordinary text: decided by its first character
-        return False
-    return _only_vanishing().fullmatch(rest) is not None  # rare: a regex, so that a long one costs C time, not Python's
-
-
-@cache
-def _only_vanishing() -> re.Pattern[str]:
-    """[every code point of _MAY_VANISH]*, built on first need (~0.7 s: it reads the category of every code point)."""
-    ranges: list[str] = []
-    start = None
-    for point in range(sys.maxunicode + 2):
-        vanishes = point <= sys.maxunicode and unicodedata.category(chr(point)) in _MAY_VANISH
-        if vanishes and start is None:
-            start = point
-        elif not vanishes and start is not None:
-            ranges.append(f"\\U{start:08x}-\\U{point - 1:08x}")
-            start = None
-    return re.compile(f"[{''.join(ranges)}]*")
 
 
 # --- the three routes ------------------------------------------------------------------------------------------------

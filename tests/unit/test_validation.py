@@ -3,6 +3,7 @@
 import pytest
 
 from pdcluster.http import ApiError
+from router.kv_fit import may_vanish
 from router.validation import (
     HINT_CHARS,
     ModelLimits,
@@ -11,7 +12,6 @@ from router.validation import (
     check_for_pair,
     check_generate,
     client_request_id,
-    may_vanish,
 )
 
 
