@@ -186,11 +186,12 @@ def test_failure_after_the_first_byte_is_never_retried():
     assert len(decode.received) == 1 and len(prefill.received) == 1
 
 
-def test_client_errors_are_not_retried_and_pass_through():
+def test_client_errors_are_not_retried_and_keep_the_workers_reason():
     prefill, decode = FakeWorker(), FakeWorker(Behaviour(status=400))
     with cluster(prefill, decode) as url:
         response = httpx.post(f"{url}/generate", json={"text": "hi"})
-    assert response.status_code == 400 and response.json()["error"]["message"] == "fake failure 400"
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "decode static-decode-0 answered 400: fake failure 400"
     assert len(decode.received) == 1
 
 
