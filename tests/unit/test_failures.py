@@ -40,9 +40,11 @@ def test_status_failures(worker_status, client_status, retryable):
     assert (failure.status, failure.retryable, failure.transport) == (client_status, retryable, False)
 
 
-def test_a_workers_own_4xx_reaches_the_client_as_it_is_and_a_5xx_gets_the_routers_error():
+def test_a_workers_own_4xx_keeps_its_reason_in_the_routers_shape_and_a_5xx_gets_the_routers_error():
     own = status_failure(DECODE, 400, b'{"error": {"message": "prompt too long"}}').answer()
-    assert own.status == 400 and own.body == b'{"error": {"message": "prompt too long"}}'
+    assert own.status == 400
+    assert json.loads(own.body)["error"] == {"message": "decode d answered 400: prompt too long",
+                                             "type": "invalid_request_error", "param": None, "code": 400}
     crashed = status_failure(DECODE, 500, b"Internal Server Error").answer()
     assert crashed.status == 502
     assert json.loads(crashed.body)["error"]["message"] == "decode d answered 500"
