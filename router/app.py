@@ -55,7 +55,9 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        # Idle connections are let go before the workers' own 5 s keep-alive (SGLang's and uvicorn's default) ends
+        # them: a probe on a connection the worker is closing would fail for nothing.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=2.0)
         timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
         # Control plane (discovery, probes, model info): httpx. Data plane (every request's two halves): upstream.
         client = httpx.AsyncClient(limits=limits, timeout=timeout)

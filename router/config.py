@@ -100,6 +100,10 @@ class RouterConfig(BaseModel):
     # less 5 s, then closes them. Unset: PDCLUSTER_GRACE_SECONDS from the environment (compose and the chart set it
     # from the same value as Docker's and Kubernetes' grace periods), else 60.
     grace_period: float | None = Field(default=None, ge=10, le=3600)
+    # Idle client connections are kept this long. Longer than what clients and load balancers keep one idle
+    # (httpx and the openai client: 5 s; AWS ALB: 60 s), so that the client closes first: a server closing at the
+    # moment a client reuses the connection fails that request ("Server disconnected without sending a response").
+    keep_alive_timeout: int = Field(default=75, ge=1, le=3600)
     # Router processes sharing the port (SO_REUSEPORT), one core each at most: see router/processes.py.
     workers: int = Field(default=1, ge=1, le=64)
     # Each new worker instance (a new or restarted worker) gets traffic only once one short greedy canary through a

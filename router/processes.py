@@ -46,6 +46,7 @@ def run_process(config: RouterConfig, sock: socket.socket | None = None) -> int:
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
         loop="uvloop", http="httptools",  # the fast pair (bench/README.md)
+        timeout_keep_alive=config.keep_alive_timeout,
         proxy_headers=False,  # the router reads no client address; X-Forwarded-* headers are passed on as they are
         # Streams in flight finish first. uvicorn annotates an int, but only hands it to asyncio.wait_for: a float
         # works.

@@ -34,5 +34,7 @@ def decode_worker(demo_model) -> str:  # noqa: F811 - the imported fixture
 
 @pytest.fixture
 def client(decode_worker) -> httpx.Client:
-    with httpx.Client(base_url=decode_worker, timeout=120) as client:
+    # SGLang closes an idle connection after 5 s, httpx's default too: let go first, or a reuse races the close.
+    limits = httpx.Limits(keepalive_expiry=2.0)
+    with httpx.Client(base_url=decode_worker, timeout=120, limits=limits) as client:
         yield client

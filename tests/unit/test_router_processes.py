@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -92,3 +93,18 @@ def test_a_dead_router_process_stops_the_router_with_an_error_status(router):
     assert not Path(f"/proc/{second}").exists() or b"zombie" in Path(f"/proc/{second}/status").read_bytes()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=2)
+
+
+def test_an_idle_client_connection_outlives_the_clients_own_keep_alive(router):
+    """httpx and the openai client drop an idle connection after 5 s. A router closing its side at 5 s too (uvicorn's
+    default) races the client's next request on it, which then fails with "Server disconnected without sending a
+    response" (seen in CI). The router keeps it longer, so a connection idle for 6 s still answers."""
+    _, url, _ = router
+    host, port = url.removeprefix("http://").split(":")
+    request = f"GET /health HTTP/1.1\r\nhost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        time.sleep(6)
+        sock.sendall(request)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
