@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -101,10 +101,16 @@ def test_an_idle_client_connection_outlives_the_clients_own_keep_alive(router):
     response" (seen in CI). The router keeps it longer, so a connection idle for 6 s still answers."""
     _, url, _ = router
     host, port = url.removeprefix("http://").split(":")
-    request = f"GET /health HTTP/1.1\r\nhost: {host}\r\n\r\n".encode()
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(request)
-        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", "/health")
+        first = connection.getresponse()
+        assert first.status == 200
+        first.read()
+        sock = connection.sock
         time.sleep(6)
-        sock.sendall(request)
-        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        connection.request("GET", "/health")  # on the same connection: http.client opens none while it has one
+        assert connection.sock is sock
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
