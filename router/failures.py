@@ -16,7 +16,7 @@ import re
 import orjson
 
 from router.edge import Answer, error_answer
-from router.upstream import ConnectFailed, ReadTimeout, UpstreamError
+from router.upstream_response import ConnectFailed, ReadTimeout, UpstreamError
 from router.workers import Worker
 
 
