@@ -16,19 +16,18 @@ from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
 from router import openapi
 from router.admission import Admissions
-from router.breaker import CircuitBreaker
 from router.config import RouterConfig
 from router.discovery import FIRST_LISTING_WAIT, follow_registry
 from router.dispatch import Dispatcher
 from router.edge import Edge
 from router.health import probe_forever
 from router.metrics import RouterMetrics
+from router.pairing import Pairing
 from router.policies import make_policy
-from router.policies.pairing import Pairing
 from router.service import PdService
 from router.upstream import UpstreamClient
 from router.validation import check_chat, check_completion, check_generate
-from router.workers import Worker, WorkerPool
+from router.workers import CircuitBreaker, Worker, WorkerPool
 
 # FastAPI 0.165 consults OpenTelemetry's global providers on every request unless told not to.
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
@@ -43,8 +42,7 @@ async def _sample_every_second(metrics: RouterMetrics) -> None:
 def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
     pool = pool or WorkerPool(make_breaker=lambda: CircuitBreaker(config.breaker_threshold, config.breaker_cooldown),
                               admission_check=config.admission_check)
-    pool.add_static(Role.PREFILL, config.prefill)
-    pool.add_static(Role.DECODE, config.decode)
+    pool.add_static(config.static_workers())
     api_key = config.resolved_api_key()
     metrics = RouterMetrics(pool)
     pairing = Pairing(pool, make_policy(config.prefill_policy), make_policy(config.decode_policy))

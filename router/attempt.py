@@ -36,11 +36,10 @@ from router.failures import (
     status_failure,
     worker_reason,
 )
-from router.health import mark_failed
 from router.prefill_half import PrefillHalf
 from router.request import PdRequest
 from router.upstream import UpstreamResponse
-from router.workers import Worker
+from router.workers import Worker, mark_failed
 
 if TYPE_CHECKING:
     from router.dispatch import Dispatcher

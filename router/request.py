@@ -1,5 +1,5 @@
 """One client request on its way through the router, as nano-vllm's `Sequence` is through its engine: made once the
-body is checked (router/service.py), then read by pairing (router/policies/pairing.py), dispatch and the relay
+body is checked (router/service.py), then read by pairing (router/pairing.py), dispatch and the relay
 (router/dispatch.py). Each attempt sets the fields of the attempt: its number, its rids, its start.
 
 Lean on purpose, for it is made for every request: the body is parsed once and kept as the one dict that is sent

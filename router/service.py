@@ -1,4 +1,4 @@
-"""One PD request from the client's side: check it, then attempt it on a pair (router/policies/pairing.py chooses,
+"""One PD request from the client's side: check it, then attempt it on a pair (router/pairing.py chooses,
 router/dispatch.py dispatches), again on a new pair after a retryable failure before the first byte, and account
 for it (status metric, latency, X-Request-ID, a log line)."""
 
@@ -21,8 +21,8 @@ from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 from router.failures import HalfFailed
 from router.kv_fit import PromptTooLong, count_prompt, refuse_empty_texts
 from router.metrics import RouterMetrics
+from router.pairing import Pairing, pair_limits
 from router.pd_fields import new_rid
-from router.policies.pairing import Pairing, pair_limits
 from router.request import PdRequest
 from router.validation import CLIENT_ID, Checked, check_for_pair, client_request_id
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pdcluster.http import ApiError
 from pdcluster.protocol import Role
 from router.kv_fit import holding
-from router.policies.base import Policy
+from router.policies import Policy
 from router.request import PdRequest
 from router.validation import ModelLimits
 from router.workers import Worker, WorkerPool
