@@ -16,9 +16,9 @@ from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
 from router import openapi
 from router.admission import Admissions
+from router.attempt import Dispatcher
 from router.config import RouterConfig
 from router.discovery import FIRST_LISTING_WAIT, follow_registry
-from router.dispatch import Dispatcher
 from router.edge import Edge
 from router.health import probe_forever
 from router.metrics import RouterMetrics

@@ -1,5 +1,5 @@
 """One PD request from the client's side: check it, then attempt it on a pair (router/pairing.py chooses,
-router/dispatch.py dispatches), again on a new pair after a retryable failure before the first byte, and account
+router/attempt.py attempts), again on a new pair after a retryable failure before the first byte, and account
 for it (status metric, latency, X-Request-ID, a log line)."""
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ from typing import Any
 import orjson
 
 from pdcluster.http import ApiError, check_bearer, parse_json_object
+from router.attempt import Attempt, Dispatcher
 from router.config import RouterConfig
-from router.dispatch import Dispatcher
 from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 from router.failures import HalfFailed
 from router.kv_fit import PromptTooLong, count_prompt, refuse_empty_texts
 from router.metrics import RouterMetrics
-from router.pairing import Pairing, pair_limits
-from router.pd_fields import new_rid
-from router.request import PdRequest
-from router.validation import CLIENT_ID, Checked, check_for_pair, client_request_id
+from router.pairing import Pairing, check_for_pair, pair_limits
+from router.request import Checked, PdRequest, new_rid
+from router.validation import CLIENT_ID, client_request_id
 
 log = logging.getLogger("pdcluster.router")
 
@@ -93,7 +92,7 @@ class PdService:
                                             "prefill": prefill.url, "decode": decode.url, "stream": request.stream,
                                             "rids": request.rids})
             try:
-                answer = await self.dispatcher.forward(request, prefill, decode)
+                answer = await Attempt(self.dispatcher, request, prefill, decode).answer()
             except HalfFailed as failure:
                 log.warning("attempt failed", extra={"request_id": request_id, "attempt": request.attempt,
                                                      "error": failure.message, "detail": failure.detail,

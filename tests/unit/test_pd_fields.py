@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from pdcluster.protocol import Role
 from router.config import RouterConfig
-from router.pd_fields import add_pd_fields, new_rid
+from router.request import add_pd_fields, new_rid
 from router.workers import Worker
 
 PREFILL = Worker("p", Role.PREFILL, "http://10.0.0.1:30000", kv_bootstrap_host="10.0.0.1",

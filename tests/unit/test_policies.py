@@ -6,8 +6,7 @@ from pdcluster.http import ApiError
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
 from router.pairing import Pairing
 from router.policies import REGISTRY, make_policy
-from router.request import PdRequest
-from router.validation import Checked
+from router.request import Checked, PdRequest
 from router.workers import CircuitBreaker, Worker, WorkerPool
 
 NO_PROMPT = ""
