@@ -1,5 +1,6 @@
 """docs/lifecycle.md names each step of a request as `file:function`: every one must exist, so that the page is
-renamed with the code. And the router's code and that page speak of the code, not of the tracker: no issue numbers."""
+renamed with the code, and every router file a streamed request runs code in must be on it (a profiled request).
+And the router's code and that page speak of the code, not of the tracker: no issue numbers."""
 
 from __future__ import annotations
 
@@ -52,3 +53,66 @@ def test_no_issue_numbers_in_the_router_or_its_lifecycle_page():
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in files
              for n, line in enumerate(path.read_text().splitlines(), 1) if ISSUE.search(line)]
     assert not found, found
+
+
+def test_the_page_names_every_router_file_a_streamed_request_runs_code_in():
+    """One streamed POST /generate through the router's ASGI app, every Python call profiled: each file of router/
+    it ran code in is one a newcomer reads, so the page must name it."""
+    ran = _files_a_streamed_request_runs()
+    assert "router/attempt.py" in ran and "router/edge.py" in ran
+    page = PAGE.read_text()
+    missing = sorted(file for file in ran if file not in page)
+    assert not missing, f"run but not on the page: {missing}"
+    assert len(ran) <= 14, sorted(ran)  # 19 before the spine
+
+
+def _files_a_streamed_request_runs() -> set[str]:
+    import asyncio
+    import json
+    import sys
+    from contextlib import ExitStack
+
+    from router.app import create_app
+    from router.config import RouterConfig
+    from tests.fakes import FakeWorker, ServerThread
+
+    ran: set[str] = set()
+    router = str(ROOT / "router")
+
+    def profile(frame, event, _arg) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(router):
+            ran.add(str(Path(frame.f_code.co_filename).relative_to(ROOT)))
+
+    async def one_request(edge) -> list[dict]:
+        body = json.dumps({"text": "hi", "stream": True}).encode()
+        inbox, sent, over = [{"type": "http.request", "body": body, "more_body": False}], [], asyncio.Event()
+
+        async def receive() -> dict:
+            if inbox:
+                return inbox.pop()
+            await over.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/generate", "headers": [(b"content-type", b"x")]}
+        async with edge.app.router.lifespan_context(edge.app):
+            await asyncio.sleep(0.5)  # the first probes done: from here on, the router runs only this request
+            sys.setprofile(profile)
+            try:
+                await edge(scope, receive, send)
+                await asyncio.sleep(0.2)  # what the attempt left in the background
+            finally:
+                sys.setprofile(None)
+                over.set()
+        return sent
+
+    with ExitStack() as stack:
+        prefill, decode = (stack.enter_context(ServerThread(FakeWorker().app())) for _ in range(2))
+        config = RouterConfig(bootstrap_url=None, prefill=[{"url": prefill.url, "kv_bootstrap_port": 8999}],
+                              decode=[{"url": decode.url}], health_interval=60, liveness_interval=60,
+                              admission_check=False)
+        sent = asyncio.run(one_request(create_app(config)))
+    assert sent[0]["status"] == 200 and b"[DONE]" in b"".join(m.get("body", b"") for m in sent[1:])
+    return ran
