@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup_logging("router", config.log_level, json_lines=config.log_format == "json")
 
+    from router.app import create_app
     from router.processes import run
 
-    return run(config)
+    return run(config, create_app)
 
 
 if __name__ == "__main__":

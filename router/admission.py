@@ -25,6 +25,7 @@ import time
 import orjson
 
 from pdcluster.protocol import Role
+from router.attempt import Attempt
 from router.edge import Answer
 from router.failures import HALF_ERRORS
 from router.request import PdRequest
@@ -118,7 +119,7 @@ class Admissions:
         request.start_attempt(prefill)
         try:
             async with asyncio.timeout(CANARY_TIMEOUT):
-                answer = await self._dispatcher_ref().forward(request, prefill, decode)
+                answer = await Attempt(self._dispatcher_ref(), request, prefill, decode).answer()
             if not isinstance(answer, Answer) or answer.status != 200:
                 raise ValueError(f"status {answer.status}")
             return list(orjson.loads(answer.body)["output_ids"])

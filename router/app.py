@@ -16,19 +16,17 @@ from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
 from router import openapi
 from router.admission import Admissions
-from router.breaker import CircuitBreaker
+from router.attempt import Dispatcher
 from router.config import RouterConfig
 from router.discovery import FIRST_LISTING_WAIT, follow_registry
-from router.dispatch import Dispatcher
 from router.edge import Edge
 from router.health import probe_forever
 from router.metrics import RouterMetrics
+from router.pairing import Pairing
 from router.policies import make_policy
-from router.policies.pairing import Pairing
 from router.service import PdService
 from router.upstream import UpstreamClient
-from router.validation import check_chat, check_completion, check_generate
-from router.workers import Worker, WorkerPool
+from router.workers import CircuitBreaker, Worker, WorkerPool
 
 # FastAPI 0.165 consults OpenTelemetry's global providers on every request unless told not to.
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
@@ -41,17 +39,31 @@ async def _sample_every_second(metrics: RouterMetrics) -> None:
 
 
 def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
+    """The router's ASGI app: the PD routes on the edge (router/edge.py) in front of FastAPI's control routes."""
     pool = pool or WorkerPool(make_breaker=lambda: CircuitBreaker(config.breaker_threshold, config.breaker_cooldown),
                               admission_check=config.admission_check)
-    pool.add_static(Role.PREFILL, config.prefill)
-    pool.add_static(Role.DECODE, config.decode)
+    pool.add_static(config.static_workers())
     api_key = config.resolved_api_key()
     metrics = RouterMetrics(pool)
     pairing = Pairing(pool, make_policy(config.prefill_policy), make_policy(config.decode_policy))
     pd = PdService(config, pairing, metrics, api_key)
+    state: dict[str, Any] = {}
+    app = FastAPI(title="pdcluster router", lifespan=_lifespan(config, pool, metrics, pd, state),
+                  telemetry=NO_TELEMETRY)
+    _serve_the_contract(app)
+    app.state.pool = pool
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    _control_routes(app, pool, metrics, api_key, state)
+    # The PD routes are served by the edge, in front of FastAPI (why: router/edge.py).
+    return Edge(app, pd.routes())
+
+
+def _lifespan(config: RouterConfig, pool: WorkerPool, metrics: RouterMetrics, pd: PdService, state: dict[str, Any]):
+    """Start-up: the clients, the attempts' shared context, probes, admissions and the first registry listing;
+    shut-down: every task and connection, in that order."""
     admissions = Admissions(pool, lambda: pd.dispatcher, metrics)
     background: set[asyncio.Future] = set()
-    state: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -66,16 +78,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         state["client"] = client
         tasks = [asyncio.create_task(probe_forever(config, pool, client, upstream)),
                  asyncio.create_task(admissions.run())]
-        # uvicorn starts listening only once this lifespan has started: a router (re)started under load then serves
-        # from its first request, with the pool the registry knows and its workers admitted.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(FIRST_LISTING_WAIT):
-                if config.bootstrap_url:
-                    first_listing = asyncio.Event()
-                    tasks.append(asyncio.create_task(follow_registry(config, pool, client, first_listing)))
-                    await first_listing.wait()
-                admissions.settled.clear()
-                await admissions.settled.wait()
+        tasks += await _first_listing(config, pool, client, admissions)
         if metrics.multiprocess:
             tasks.append(asyncio.create_task(_sample_every_second(metrics)))
         yield
@@ -85,18 +88,41 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
         await client.aclose()
         await upstream.close()
 
-    app = FastAPI(title="pdcluster router", lifespan=lifespan, telemetry=NO_TELEMETRY)
+    return lifespan
+
+
+async def _first_listing(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient,
+                         admissions: Admissions) -> list[asyncio.Task]:
+    """uvicorn starts listening only once the lifespan has started: a router (re)started under load then serves from
+    its first request, with the pool the registry knows and its workers admitted (within FIRST_LISTING_WAIT).
+    Returns the registry's follower task, if there is a registry."""
+    tasks = []
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(FIRST_LISTING_WAIT):
+            if config.bootstrap_url:
+                first_listing = asyncio.Event()
+                tasks.append(asyncio.create_task(follow_registry(config, pool, client, first_listing)))
+                await first_listing.wait()
+            admissions.settled.clear()
+            await admissions.settled.wait()
+    return tasks
+
+
+def _serve_the_contract(app: FastAPI) -> None:
+    """GET /openapi.json: the router's contract (router/openapi.py), made once, on the first request for it."""
     own_document = app.openapi
 
-    def contract() -> dict[str, Any]:  # made once, on the first GET /openapi.json
+    def contract() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = openapi.document(own_document())
         return app.openapi_schema
 
     app.openapi = contract  # type: ignore[method-assign]
-    app.state.pool = pool
-    app.state.metrics = metrics
-    install_error_handlers(app)
+
+
+def _control_routes(app: FastAPI, pool: WorkerPool, metrics: RouterMetrics, api_key: str | None,
+                    state: dict[str, Any]) -> None:
+    """Everything but the PD routes: a decode's model list and info, metrics, liveness and readiness."""
 
     async def from_a_decode(request: Request, path: str) -> Response:
         check_bearer(request, api_key)
@@ -130,17 +156,14 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         ok, detail = pool.readiness()
-        workers = [
-            {"worker_id": w.worker_id, "role": w.role.value, "url": w.url, "healthy": w.healthy,
-             "draining": w.draining, "admission": w.admission.value, "admission_note": w.admission_note,
-             "unusable": w.unusable(), "breaker": w.breaker.state.name.lower(),
-             "in_flight": w.in_flight, "prompt_budget": w.prompt_budget,
-             "incompatible": w.incompatible}
-            for w in pool.workers.values()
-        ]
-        return JSONResponse({"ready": ok, "detail": detail, "workers": workers}, status_code=200 if ok else 503)
+        return JSONResponse({"ready": ok, "detail": detail, "workers": [_worker_state(w) for w in
+                                                                         pool.workers.values()]},
+                            status_code=200 if ok else 503)
 
-    # The PD routes are served by the edge, in front of FastAPI (why: router/edge.py).
-    return Edge(app, {"/generate": pd.route("/generate", check_generate),
-                      "/v1/completions": pd.route("/v1/completions", check_completion),
-                      "/v1/chat/completions": pd.route("/v1/chat/completions", check_chat)})
+
+def _worker_state(w: Worker) -> dict[str, Any]:
+    """A worker as /ready lists it: every reason it may get no traffic."""
+    return {"worker_id": w.worker_id, "role": w.role.value, "url": w.url, "healthy": w.healthy,
+            "draining": w.draining, "admission": w.admission.value, "admission_note": w.admission_note,
+            "unusable": w.unusable(), "breaker": w.breaker.state.name.lower(), "in_flight": w.in_flight,
+            "prompt_budget": w.prompt_budget, "incompatible": w.incompatible}

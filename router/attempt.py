@@ -1,16 +1,13 @@
 """One attempt of a request on one PD pair, from sending its halves to its end: the single owner of everything the
-attempt holds, as nano-vllm's `Sequence` is owned by one scheduler.
+attempt holds, as nano-vllm's `Sequence` is owned by one scheduler; with what every attempt shares (`Dispatcher`)
+and the prefill's half (`PrefillHalf`).
 
-It holds the pair's books (in flight on both workers, each breaker's trial), the prefill half (its answer, its prompt
-tokens on the worker's books), the decode's response and, for a stream, the deadline timers. `end()` gives all of it
-back, once, whatever ends the attempt:
-
-  - the answer was delivered (a plain answer read, a stream relayed to its last chunk);
-  - a half failed (before the answer: the caller may retry on a new pair; mid-stream: an error event);
-  - the client left, total_timeout passed, or the edge closed a stream whose relay never began.
-
-A second `end()` does nothing, so every path that may end an attempt just calls it. Which halves are aborted is
-failures.halves_to_abort's decision: the other half of one that failed, both when the router ended the attempt.
+Both halves get the same body at once (router/upstream.py); the client gets the decode's answer, relayed chunk by
+chunk if it is a stream. An attempt's life is its `state`: SENT, ANSWERING, then one of five endings. It holds the
+pair's books (in flight on both workers, each breaker's trial), the prefill half, the decode's response and a
+stream's two deadline timers. `end()` gives all of it back, once, and records the attempt's `outcome` (its ending,
+the failure, the halves aborted at once: failures.halves_to_abort); a second `end()` does nothing, so every path
+that may end an attempt just calls it.
 """
 
 from __future__ import annotations
@@ -19,44 +16,94 @@ import asyncio
 import json  # on the rare paths (logprob merge, error events), as logprobs.py: it accepts NaN/Infinity, orjson not
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, Iterable
+from dataclasses import dataclass
+from enum import Enum
 
 import orjson
 
 from pdcluster.http import error_body
-from router import logprobs
+from router import failures, logprobs
+from router.config import RouterConfig
 from router.edge import Answer, StreamAnswer
-from router.failures import (
-    HALF_ERRORS,
-    DeadlinePassed,
-    HalfFailed,
-    as_failure,
-    halves_to_abort,
-    status_failure,
-    worker_reason,
-)
-from router.health import mark_failed
-from router.prefill_half import PrefillHalf
+from router.failures import HALF_ERRORS, TRANSPORT_ERRORS, DeadlinePassed, HalfFailed
+from router.metrics import RouterMetrics
 from router.request import PdRequest
-from router.upstream import UpstreamResponse
-from router.workers import Worker
-
-if TYPE_CHECKING:
-    from router.dispatch import Dispatcher
+from router.upstream import UpstreamClient, UpstreamResponse
+from router.workers import Worker, mark_failed
 
 log = logging.getLogger("pdcluster.router")
 
 _PASSED_ON = ("content-type", "content-encoding")  # the decode's headers that reach the client
+_JSON = {"content-type": "application/json"}
+_ABORT_TIMEOUT = 5.0  # seconds an /abort_request may take
+PREFILL_GRACE = 30.0  # seconds a prefill's answer may trail the decode's before it is cut off
+
+
+class AttemptState(Enum):
+    SENT = "sent"  # both halves sent; the decode's answer has not started
+    ANSWERING = "answering"  # the decode's answer started: both workers did their part
+    # The endings, one of which end() sets, once:
+    DELIVERED = "delivered"  # a plain answer read whole, or a stream relayed to its last chunk
+    CLIENT_GONE = "client gone"  # the client left (or the edge closed a stream whose relay never began)
+    FAILED_BEFORE_FIRST_BYTE = "failed before the first byte"  # a half failed: the caller may retry on a new pair
+    FAILED_AFTER_FIRST_BYTE = "failed after the first byte"  # a half failed mid-stream: the client gets an error event
+    DEADLINE = "deadline"  # total_timeout passed, or a stream's first_token_timeout
+
+    @property
+    def ended(self) -> bool:
+        return self not in (AttemptState.SENT, AttemptState.ANSWERING)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: its ending, the failure (a half's, or the deadline's) and the halves it aborted."""
+
+    ending: AttemptState
+    failure: HalfFailed | None = None
+    aborted: tuple[Worker, ...] = ()
+
+
+@dataclass
+class Dispatcher:
+    """What every attempt shares: the data plane's client, the metrics, the background tasks, the config."""
+
+    client: UpstreamClient
+    metrics: RouterMetrics
+    background: set[asyncio.Future]
+    config: RouterConfig
+
+    def abort(self, request: PdRequest, workers: Iterable[Worker]) -> None:
+        """Free the KV slots of the current attempt on `workers` now, in the background (SGLang's /abort_request)."""
+        for worker in workers:
+            task = asyncio.create_task(self._abort(worker, request.rids, request.request_id))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+
+    async def _abort(self, worker: Worker, rids: list[str], request_id: str) -> None:
+        for rid in rids:
+            self.metrics.aborts.labels(worker.role.value).inc()
+            try:
+                async with asyncio.timeout(_ABORT_TIMEOUT):
+                    response = await self.client.request("POST", worker.url, "/abort_request",
+                                                         orjson.dumps({"rid": rid}), _JSON)
+                    await response.read()
+                log.info("abort sent", extra={"request_id": request_id, "rid": rid, "role": worker.role.value,
+                                              "worker": worker.url})
+            except TRANSPORT_ERRORS as exc:
+                log.warning("abort failed", extra={"request_id": request_id, "rid": rid, "worker": worker.url,
+                                                   "error": repr(exc)})
 
 
 class Attempt:
     def __init__(self, dispatcher: Dispatcher, request: PdRequest, prefill: Worker, decode: Worker):
         self.d, self.request, self.prefill, self.decode = dispatcher, request, prefill, decode
+        self.state = AttemptState.SENT
+        self.outcome: Outcome | None = None  # set by end()
         self.prefill_half: PrefillHalf | None = None
         self.response: UpstreamResponse | None = None
-        self.timers: list[asyncio.TimerHandle] = []
-        self.ended = False
+        self.total_timer: asyncio.TimerHandle | None = None  # a stream's total_timeout
+        self.first_token_timer: asyncio.TimerHandle | None = None  # a stream's first_token_timeout
         for worker in (prefill, decode):
             worker.in_flight += 1
             worker.breaker.on_attempt()
@@ -80,14 +127,14 @@ class Attempt:
                 merged = logprobs.merge(json.loads(payload), logprobs.prefill_answer(await prefill_half.answer()))
                 payload = orjson.dumps(merged)
         except HALF_ERRORS as exc:
-            failure = as_failure(self.decode, exc)
-            self.end(failure)
+            failure = failures.as_failure(self.decode, exc)
+            self.end(AttemptState.FAILED_BEFORE_FIRST_BYTE, failure)
             raise failure from None
-        except BaseException:  # the client left, or total_timeout passed: both halves may still be working
-            self.end()
+        except BaseException:  # cancelled: the client left, or total_timeout passed; both halves may still work on it
+            self.end(AttemptState.DEADLINE if time.monotonic() >= request.deadline else AttemptState.CLIENT_GONE)
             raise
         self.d.metrics.count_cached(payload)
-        self.end(delivered=True)
+        self.end(AttemptState.DELIVERED)
         return Answer(response.status, payload, headers)
 
     async def _decode_head(self, raw: bytes, prefill_half: PrefillHalf) -> UpstreamResponse:
@@ -105,11 +152,12 @@ class Attempt:
                 payload = await response.read()
             except HALF_ERRORS:
                 payload = b""
-            raise status_failure(decode, response.status, payload)
+            raise failures.status_failure(decode, response.status, payload)
         return response
 
     def _started(self) -> None:
         """The decode's answer is starting: both workers did their part (a half-open breaker's trial succeeded)."""
+        self.state = AttemptState.ANSWERING
         self.prefill.breaker.on_success()
         self.decode.breaker.on_success()
 
@@ -117,11 +165,12 @@ class Attempt:
         """The decode's SSE stream, chunk by chunk; an error event if either half fails or a deadline passes."""
         request, metrics = self.request, self.d.metrics
         first, last = True, b""
-        chunks = response.iter_chunks() if not request.merge_logprobs else _sse_events(response)
+        chunks = response.iter_chunks()
         try:
-            async for chunk in chunks:
+            async for chunk in chunks if not request.merge_logprobs else logprobs.sse_events(chunks):
                 if first:
-                    self.timers[1].cancel()  # the first token's deadline
+                    if self.first_token_timer is not None:
+                        self.first_token_timer.cancel()
                     metrics.ttft.labels(request.route).observe(time.monotonic() - request.attempt_started)
                     if request.merge_logprobs:
                         chunk = logprobs.merge_first_event(chunk, logprobs.prefill_answer(
@@ -130,95 +179,121 @@ class Attempt:
                 if b"cached_tokens" in chunk:
                     last = chunk
                 elif b'"error"' in chunk:  # a worker's error event: its reason in the router's shape, cleaned
-                    chunk = _clean_error_events(chunk, self.decode)
+                    chunk = failures.clean_error_events(chunk, self.decode)
                 yield chunk
-            metrics.count_cached(_last_event(last))
-            self.end(delivered=True)
+            metrics.count_cached(last, stream=True)
+            self.end(AttemptState.DELIVERED)
         except HALF_ERRORS as exc:
-            failure = as_failure(self.decode, exc)
-            self.end(failure)
+            failure = failures.as_failure(self.decode, exc)
+            deadline = isinstance(failure, DeadlinePassed)
+            self.end(AttemptState.DEADLINE if deadline else AttemptState.FAILED_AFTER_FIRST_BYTE, failure)
             log.warning("stream broke", extra={"request_id": request.request_id, "rids": request.rids,
                                                "error": failure.message, "detail": failure.detail})
             metrics.stream_errors.labels(request.route).inc()
             yield f"data: {json.dumps(error_body(failure.status, failure.message))}\n\n".encode()
         finally:
-            self.end()  # the client left mid-stream (the relay was cancelled or closed): a no-op after the above
+            self.end(AttemptState.CLIENT_GONE)  # the relay was cancelled or closed: a no-op after the above
 
     def _arm_deadlines(self, response: UpstreamResponse) -> None:
         """total_timeout and first_token_timeout end a stream with a DeadlinePassed (the relay's error event)."""
         loop, config, request = asyncio.get_running_loop(), self.d.config, self.request
-        self.timers = [
-            loop.call_later(max(0.0, request.deadline - time.monotonic()), response.interrupt, DeadlinePassed(
-                self.decode, f"request took longer than total_timeout ({config.total_timeout}s)")),
-            loop.call_later(config.first_token_timeout, response.interrupt, DeadlinePassed(
-                self.decode, f"no token within first_token_timeout ({config.first_token_timeout}s)")),
-        ]
+        self.total_timer = loop.call_later(
+            max(0.0, request.deadline - time.monotonic()), response.interrupt,
+            DeadlinePassed(self.decode, f"request took longer than total_timeout ({config.total_timeout}s)"))
+        self.first_token_timer = loop.call_later(
+            config.first_token_timeout, response.interrupt,
+            DeadlinePassed(self.decode, f"no token within first_token_timeout ({config.first_token_timeout}s)"))
 
-    def end(self, failure: HalfFailed | None = None, delivered: bool = False) -> None:
-        """Give back everything the attempt holds. `failure`: the half that failed (its breaker hears of it, the other
-        half is aborted); neither `failure` nor `delivered`: the router ended it, both halves are aborted."""
-        if self.ended:
+    def end(self, ending: AttemptState = AttemptState.CLIENT_GONE, failure: HalfFailed | None = None) -> None:
+        """Give back everything the attempt holds, and record its `outcome`. `failure`: the half that failed (its
+        breaker hears of it, the other half is aborted); none, and not delivered: both halves are aborted."""
+        if self.state.ended:
             return
-        self.ended = True
-        for timer in self.timers:
-            timer.cancel()
+        streamed = self.request.stream and self.state is AttemptState.ANSWERING
+        self.state = ending
+        for timer in (self.total_timer, self.first_token_timer):
+            if timer is not None:
+                timer.cancel()
         if self.response is not None:
             self.response.close()
-        if not delivered:
-            self.d.abort(self.request, halves_to_abort(failure, self.prefill, self.decode))
-        if failure is not None:
-            self._count_failure(failure)
+        delivered = ending is AttemptState.DELIVERED
+        aborted = () if delivered else failures.halves_to_abort(failure, self.prefill, self.decode)
+        self.d.abort(self.request, aborted)  # no KV slot waits out SGLang's own timeouts
+        if failure is not None and failure.counts_against_worker:
+            failure.worker.breaker.on_failure()
+        if failure is not None and failure.transport:  # unreachable, or dropped the connection: out of rotation
+            mark_failed(failure.worker, threshold=1)  # until a probe succeeds
+            self.d.metrics.ejections.labels(failure.worker.role.value).inc()
         for worker in (self.prefill, self.decode):
             worker.breaker.on_end()
             worker.in_flight -= 1
         if self.prefill_half is not None:
             self.prefill_half.let_finish(self.d.background)
-        if self.timers:  # a stream that started: the request's duration is its relay's (service.py times the rest)
+        if streamed:  # the request's duration is its relay's (service.py times the rest)
             self.d.metrics.latency.labels(self.request.route).observe(time.monotonic() - self.request.started)
-
-    def _count_failure(self, failure: HalfFailed) -> None:
-        worker = failure.worker
-        if failure.counts_against_worker:
-            worker.breaker.on_failure()
-        if failure.transport:  # unreachable or dropped the connection: out of rotation until a probe succeeds
-            mark_failed(worker, threshold=1)
-            self.d.metrics.ejections.labels(worker.role.value).inc()
+        self.outcome = Outcome(ending, failure, aborted)
 
 
-def _clean_error_events(chunk: bytes, decode: Worker) -> bytes:
-    """The chunk with each whole `data: {"error": ...}` event rewritten as the router's error (failures.worker_reason):
-    SGLang's own carries its shape, and may carry a traceback or a path of the worker's files."""
-    events = chunk.split(b"\n\n")
-    for i, event in enumerate(events):
-        if event.startswith(b"data: {") and b'"error"' in event:
-            try:
-                payload = orjson.loads(event[6:])
-            except orjson.JSONDecodeError:
-                continue
-            error = payload.get("error") if isinstance(payload, dict) else None
-            if error is None:
-                continue
-            code = error.get("code") if isinstance(error, dict) else None
-            status = code if isinstance(code, int) and 400 <= code < 600 else 500
-            reason = worker_reason(event[6:]) or "no reason given"
-            events[i] = b"data: " + orjson.dumps(error_body(status, f"decode {decode.worker_id}: {reason}"))
-    return b"\n\n".join(events)
+class PrefillHalf:
+    """The prefill's half: sent on construction, by a task; `future` holds its answer (or its HalfFailed). The answer
+    is only waited for (for its input logprobs), never relayed; what matters is its status: the moment it fails, the
+    decode's response is interrupted (no KV will ever arrive). Once the decode has answered, it may trail by up to
+    PREFILL_GRACE. While it is outstanding, its prompt tokens are on the worker's books (router/liveness.py)."""
 
+    def __init__(self, client: UpstreamClient, worker: Worker, path: str, body: bytes, headers: dict[str, str],
+                 prompt_tokens: int = 0):
+        self.client, self.worker, self.path, self.body, self.headers = client, worker, path, body, headers
+        self.failure: HalfFailed | None = None
+        self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
+        self.prompt_tokens = prompt_tokens
+        worker.pending_prompt_tokens += prompt_tokens
+        self.future: asyncio.Future = asyncio.ensure_future(self._send())
+        self.future.add_done_callback(self._done)
 
-def _last_event(chunk: bytes) -> bytes:
-    """The last SSE event of a chunk that holds several (SGLang's counts are cumulative: only the last one counts)."""
-    events = [e for e in chunk.split(b"\n\n") if b"cached_tokens" in e]
-    return events[-1] if events else b""
+    async def _send(self) -> bytes:
+        r = None
+        try:
+            r = await self.client.request("POST", self.worker.url, self.path, self.body, self.headers)
+            payload = await r.read()
+        except TRANSPORT_ERRORS as exc:
+            raise failures.transport_failure(self.worker, exc) from None
+        finally:
+            if r is not None:
+                r.close()
+        if r.status >= 400:
+            raise failures.status_failure(self.worker, r.status, payload)
+        return payload
 
+    def watch(self, decode: UpstreamResponse) -> None:
+        """Interrupt the decode's response with this half's failure, now or when it comes (the decode's on_sent)."""
+        self._decode = decode
+        if self.failure is not None:
+            decode.interrupt(self.failure)
 
-async def _sse_events(response: UpstreamResponse) -> AsyncIterator[bytes]:
-    """Whole SSE events (needed only when the first event must be rewritten)."""
-    buffer = b""
-    async for chunk in response.iter_chunks():
-        buffer += chunk
-        while b"\n\n" in buffer:
-            event, buffer = buffer.split(b"\n\n", 1)
-            yield event + b"\n\n"
-    if buffer:
-        yield buffer
+    def _done(self, future: asyncio.Future) -> None:
+        self.worker.pending_prompt_tokens -= self.prompt_tokens
+        if not future.cancelled() and isinstance(error := future.exception(), HalfFailed):
+            self.failure = error
+            if self._decode is not None:
+                self._decode.interrupt(self.failure)
 
+    async def answer(self) -> bytes:
+        """The prefill's own answer, which may trail the decode's by a moment."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.future), PREFILL_GRACE)
+        except TimeoutError:
+            raise HalfFailed(self.worker, 504, f"prefill {self.worker.worker_id} did not answer within "
+                                               f"{PREFILL_GRACE:.0f}s of the decode") from None
+
+    def let_finish(self, background: set) -> None:
+        """The attempt is over: let the prefill's answer finish in `background`, within PREFILL_GRACE."""
+        future = self.future
+        if future.done():
+            return
+        background.add(future)
+        cutoff = asyncio.get_running_loop().call_later(PREFILL_GRACE, future.cancel)
+
+        def finished(f: asyncio.Future) -> None:
+            cutoff.cancel()
+            background.discard(f)
+        future.add_done_callback(finished)

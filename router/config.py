@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from typing import Annotated, Literal
+from urllib.parse import urlparse
 
 from pydantic import (
     AfterValidator,
@@ -16,7 +17,9 @@ from pydantic import (
 )
 
 from pdcluster.config_file import secret_or_env
+from pdcluster.protocol import Role
 from router.policies import known_policy
+from router.workers import Worker
 
 PolicyName = Annotated[str, AfterValidator(known_policy)]
 
@@ -37,6 +40,13 @@ class StaticWorker(BaseModel):
     # A prefill's largest forward pass in prompt tokens (SGLang's chunked_prefill_size; discovered workers register
     # it): how long its scheduler may be silent (router/liveness.py). Unknown: only this router's prompts count.
     forward_tokens: int | None = Field(default=None, ge=1)
+
+    def worker(self, role: Role, index: int) -> Worker:
+        url = str(self.url).rstrip("/")
+        host = self.kv_bootstrap_host or urlparse(url).hostname
+        return Worker(f"static-{role.value}-{index}", role, url, host if role is Role.PREFILL else None,
+                      self.kv_bootstrap_port, vocab_size=self.vocab_size, context_length=self.context_length,
+                      forward_tokens=self.forward_tokens, static=True)
 
     @field_validator("url")
     @classmethod
@@ -122,6 +132,11 @@ class RouterConfig(BaseModel):
             if worker.kv_bootstrap_port is None:
                 raise ValueError(f"prefill {worker.url}: kv_bootstrap_port is required for a static prefill")
         return self
+
+    def static_workers(self) -> list[Worker]:
+        """The workers listed here, each role's numbered from 0."""
+        return [spec.worker(role, index) for role, specs in ((Role.PREFILL, self.prefill), (Role.DECODE, self.decode))
+                for index, spec in enumerate(specs)]
 
     def resolved_grace_period(self) -> float:
         return self.grace_period or float(os.environ.get("PDCLUSTER_GRACE_SECONDS") or 60)

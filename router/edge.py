@@ -5,8 +5,9 @@ streamed one (bench/README.md, "How it got there"), as much as the rest of the r
 route is a function from an EdgeRequest to an Answer or a StreamAnswer; uvicorn still parses HTTP.
 
 A client that disconnects is noticed within WATCH_AFTER (uvicorn's receive() returns http.disconnect): the task
-serving it is cancelled, which is what makes the dispatcher abort both halves of its PD pair. A stream's answer is
-closed (StreamAnswer.close) whether or not its first chunk was pulled, so that its pair is always freed.
+serving it is cancelled, which is what makes its attempt (router/attempt.py) abort both halves of the pair. A
+stream's answer is closed (StreamAnswer.close) whether or not its first chunk was pulled, so that its pair is always
+freed.
 """
 
 from __future__ import annotations

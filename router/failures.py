@@ -15,8 +15,9 @@ import re
 
 import orjson
 
+from pdcluster.http import error_body
 from router.edge import Answer, error_answer
-from router.upstream import ConnectFailed, ReadTimeout, UpstreamError
+from router.upstream_response import ConnectFailed, ReadTimeout, UpstreamError
 from router.workers import Worker
 
 
@@ -143,3 +144,23 @@ def worker_reason(body: bytes | None) -> str:
         payload = payload["error"]
     message = payload.get("message") if isinstance(payload, dict) else payload
     return clean_reason(message) if isinstance(message, str) else ""
+
+
+def clean_error_events(chunk: bytes, decode: Worker) -> bytes:
+    """The chunk with each whole `data: {"error": ...}` event rewritten as the router's error (worker_reason):
+    SGLang's own carries its shape, and may carry a traceback or a path of the worker's files."""
+    events = chunk.split(b"\n\n")
+    for i, event in enumerate(events):
+        if event.startswith(b"data: {") and b'"error"' in event:
+            try:
+                payload = orjson.loads(event[6:])
+            except orjson.JSONDecodeError:
+                continue
+            error = payload.get("error") if isinstance(payload, dict) else None
+            if error is None:
+                continue
+            code = error.get("code") if isinstance(error, dict) else None
+            status = code if isinstance(code, int) and 400 <= code < 600 else 500
+            reason = worker_reason(event[6:]) or "no reason given"
+            events[i] = b"data: " + orjson.dumps(error_body(status, f"decode {decode.worker_id}: {reason}"))
+    return b"\n\n".join(events)

@@ -14,11 +14,10 @@ import time
 
 import httpx
 
-from router.breaker import BreakerState
 from router.config import RouterConfig
 from router.liveness import Liveness, LivenessWatch
 from router.upstream import UpstreamClient
-from router.workers import Worker, WorkerPool
+from router.workers import BreakerState, Worker, WorkerPool, mark_failed
 
 log = logging.getLogger("pdcluster.router")
 
@@ -45,14 +44,6 @@ async def probe(worker: Worker, client: httpx.AsyncClient, config: RouterConfig,
         worker.breaker.on_probe_success()  # SGLang's /health generates a token: as good a trial as a request
     else:
         mark_failed(worker, config.unhealthy_threshold)
-
-
-def mark_failed(worker: Worker, threshold: int) -> None:
-    worker.failed_probes += 1
-    if worker.failed_probes >= threshold and worker.probe_healthy:
-        worker.probe_healthy = False
-        log.warning("worker ejected", extra={"role": worker.role.value, "worker": worker.url,
-                                             "failed_checks": worker.failed_probes})
 
 
 def idle(worker: Worker) -> bool:

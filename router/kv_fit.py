@@ -24,18 +24,14 @@ import re
 import sys
 import unicodedata
 from functools import cache
-from typing import TYPE_CHECKING
 
 import orjson
 
 from pdcluster.http import ApiError
 from router.failures import TRANSPORT_ERRORS
-
-if TYPE_CHECKING:
-    from router.request import PdRequest
-    from router.upstream import UpstreamClient
-    from router.validation import Checked
-    from router.workers import Worker
+from router.request import Checked, PdRequest
+from router.upstream import UpstreamClient
+from router.workers import Worker
 
 SPECIAL_TOKENS = 8  # BOS/EOS and the like a tokenizer adds around a text
 CHAT_TEMPLATE_TOKENS = 256  # a chat template's own text (some add a default system prompt)

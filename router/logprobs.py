@@ -4,6 +4,7 @@ the decode's answer with the prefill's input logprobs put in front, as SGLang's 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 INPUT_FIELDS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
@@ -54,3 +55,15 @@ def merge_first_event(event: bytes, prefill: Any) -> bytes:
     except json.JSONDecodeError:
         return event
     return head + b"data: " + json.dumps(merge(data, prefill)).encode() + b"\n\n"
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Whole SSE events out of a stream's chunks (needed only when the first event must be rewritten)."""
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            yield event + b"\n\n"
+    if buffer:
+        yield buffer

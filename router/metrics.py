@@ -2,11 +2,18 @@
 
 With several router processes (router/processes.py sets PROMETHEUS_MULTIPROC_DIR), counters and histograms are
 summed over the processes by prometheus_client, and the per-worker gauges are sampled into multiprocess gauges.
+
+The cache report (`cached_tokens`): how much of each prompt the workers had cached, read from the decode's answer.
+SGLang reports `meta_info.cached_tokens` on every native answer, and `cached_tokens_details` ({"device", "host",
+"storage"}: which tier of HiCache held them) when any were cached; in PD mode the prefill's counts travel to the
+decode, whose answer the router relays. OpenAI answers carry `usage.prompt_tokens_details.cached_tokens` when the
+workers run with `enable-cache-report`. The answer is scanned, not parsed: a few microseconds per answer.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -15,7 +22,6 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from router.cache_report import cached_tokens
 from router.workers import WorkerPool
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -95,7 +101,11 @@ class RouterMetrics:
         else:
             self.registry.register(_PoolCollector(pool))
 
-    def count_cached(self, answer: bytes) -> None:
+    def count_cached(self, answer: bytes, stream: bool = False) -> None:
+        """`answer`: a whole answer, or (`stream`) a stream's last chunk with counts, whose last event is counted."""
+        if stream:  # SGLang's counts in a stream are cumulative: only the last event's count
+            events = [e for e in answer.split(b"\n\n") if b"cached_tokens" in e]
+            answer = events[-1] if events else b""
         for tier, count in cached_tokens(answer).items():
             self.cached_tokens.labels(tier).inc(count)
 
@@ -118,3 +128,20 @@ class RouterMetrics:
         summed = CollectorRegistry()
         MultiProcessCollector(summed)
         return generate_latest(summed)
+
+
+_TOTAL = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+_DETAILS = re.compile(rb'"cached_tokens_details"\s*:\s*\{([^}]*)\}')
+_TIER = re.compile(rb'"(device|host|storage)"\s*:\s*(\d+)')
+
+
+def cached_tokens(answer: bytes) -> dict[str, int]:
+    """{"total": n, "device": d, "host": h, "storage": s} summed over the items of the answer (a batch has several);
+    tiers only where SGLang reported them. For a stream, pass its last event: SGLang's counts are cumulative."""
+    found: dict[str, int] = {}
+    for match in _TOTAL.finditer(answer):
+        found["total"] = found.get("total", 0) + int(match.group(1))
+    for details in _DETAILS.finditer(answer):
+        for tier, count in _TIER.findall(details.group(1)):
+            found[tier.decode()] = found.get(tier.decode(), 0) + int(count)
+    return found

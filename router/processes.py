@@ -21,7 +21,9 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from multiprocessing.connection import wait
+from typing import Any
 
 from pdcluster.children import die_with_parent, exit_status
 from pdcluster.logs import setup_logging
@@ -29,15 +31,16 @@ from router.config import RouterConfig
 
 log = logging.getLogger("pdcluster.router")
 STARTUP_FAILURE = 3  # uvicorn's exit status when the app fails to start
+# What makes the app a process serves: router.app.create_app, handed over by `python -m router` (router/__main__.py),
+# so that this module, which only runs processes, imports none of what they serve.
+MakeApp = Callable[[RouterConfig], Any]
 
 
-def run_process(config: RouterConfig, sock: socket.socket | None = None) -> int:
+def run_process(config: RouterConfig, make_app: MakeApp, sock: socket.socket | None = None) -> int:
     """Run one router process until SIGINT/SIGTERM (uvicorn's graceful shutdown)."""
     import uvicorn
 
-    from router.app import create_app
-
-    app = create_app(config)
+    app = make_app(config)
     # The objects made at start-up live for good: keep them out of the collector's way, and collect less often
     # (a relayed request allocates many short-lived objects; measured ~5-10% of the router's CPU at 256 clients).
     gc.collect()
@@ -56,8 +59,8 @@ def run_process(config: RouterConfig, sock: socket.socket | None = None) -> int:
     return 0 if server.started else STARTUP_FAILURE
 
 
-def run(config: RouterConfig) -> int:
-    return run_process(config) if config.workers == 1 else _supervise(config)
+def run(config: RouterConfig, make_app: MakeApp) -> int:
+    return run_process(config, make_app) if config.workers == 1 else _supervise(config, make_app)
 
 
 def _reuseport_socket(host: str, port: int) -> socket.socket:
@@ -70,19 +73,19 @@ def _reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _child(config_json: str, index: int) -> None:
+def _child(config_json: str, index: int, make_app: MakeApp) -> None:
     os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the parent only; it stops the children once, gracefully
     die_with_parent(signal.SIGTERM)  # never outlive the parent: it owns the metrics directory and the other children
     config = RouterConfig.model_validate_json(config_json)
     setup_logging(f"router-{index}", config.log_level, json_lines=config.log_format == "json")
-    sys.exit(run_process(config, _reuseport_socket(config.host, config.port)))
+    sys.exit(run_process(config, make_app, _reuseport_socket(config.host, config.port)))
 
 
-def _supervise(config: RouterConfig) -> int:
+def _supervise(config: RouterConfig, make_app: MakeApp) -> int:
     metrics_dir = tempfile.mkdtemp(prefix="pdcluster-router-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # read by prometheus_client when a child imports it
     spawn = multiprocessing.get_context("spawn")
-    children = [spawn.Process(target=_child, args=(config.model_dump_json(), i), name=f"router-{i}")
+    children = [spawn.Process(target=_child, args=(config.model_dump_json(), i, make_app), name=f"router-{i}")
                 for i in range(config.workers)]
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,6 +1,7 @@
-"""One client request on its way through the router, as nano-vllm's `Sequence` is through its engine: made once the
-body is checked (router/service.py), then read by pairing (router/policies/pairing.py), dispatch and the relay
-(router/dispatch.py). Each attempt sets the fields of the attempt: its number, its rids, its start.
+"""One client request on its way through the router, as nano-vllm's `Sequence` is through its engine: what its checks
+found (`Checked`, made by router/validation.py), then the `PdRequest` made once the body is checked
+(router/service.py), read by pairing (router/pairing.py) and its attempts (router/attempt.py). Each attempt sets the
+fields of the attempt: its number, its rids (the PD fields, below), its start.
 
 Lean on purpose, for it is made for every request: the body is parsed once and kept as the one dict that is sent
 (each attempt replaces its PD fields whole, so no copy is needed between attempts), and the prompt is made into
@@ -9,13 +10,55 @@ text for a policy only when one asks for it (`hint`).
 
 from __future__ import annotations
 
+import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from router.inventory.rules import PairLimit
 from router.logprobs import wants_logprobs
-from router.pd_fields import add_pd_fields
-from router.validation import Checked
 from router.workers import Worker
+
+HINT_CHARS = 2048  # how much of a prompt the prefix policy keys on
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the router needs to know about a request whose fields are all accepted."""
+
+    batch_size: int | None  # None: a single request; N: a batch of N items (SGLang wants lists of rooms)
+    stream: bool
+    first_prompt: Any  # as given (text, token ids, a chat message's content): what `hint` is made of
+    token_ids: str | None = None  # the field holding prompts given as token ids, if any
+    prompts: tuple[list, ...] = ()  # those prompts, one list of ids each
+    client_rid: str | None = None  # for the logs
+    # Checked against the pair: (field, ids) of other token-id fields, (field, value, limit) of counts and positions.
+    id_fields: tuple[tuple[str, list[int]], ...] = ()
+    counts: tuple[tuple[str, int, PairLimit], ...] = ()
+    prompt_tokens: int = 0  # an estimate (the router does not tokenize): how much prefill work this request is
+    # The longest prompt's tokens, exact (token ids, or counted by a decode) or an upper bound (text), and its field:
+    # what a decode's KV pool must hold (router/kv_fit.py).
+    longest_prompt: int = 0
+    prompt_exact: bool = False
+    prompt_field: str = "text"
+    # (param, text) of each text prompt made only of characters a tokenizer may drop: counted by the pair's tokenizer
+    # before dispatch (router/kv_fit.py, count_texts), and a 0-token one refused. Empty for every ordinary request.
+    may_vanish: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def hint(self) -> str:
+        """At most HINT_CHARS of the first prompt, as text, for prefix-affinity policies. Made on demand: only they
+        need it, and a prompt that is not text costs a serialization."""
+        prompt = self.first_prompt
+        if isinstance(prompt, str):
+            return prompt[:HINT_CHARS]
+        if self.token_ids is not None:
+            return orjson.dumps(prompt[:HINT_CHARS // 4]).decode()[:HINT_CHARS]
+        return orjson.dumps(prompt)[:HINT_CHARS].decode(errors="ignore")  # a chat message's content parts
+
+
 
 
 class PdRequest:
@@ -51,3 +94,43 @@ class PdRequest:
         self.attempt += 1
         self.rids = add_pd_fields(self.body, prefill, self.checked.batch_size)
         self.attempt_started = time.monotonic()
+
+
+# --- the PD fields --------------------------------------------------------------------------------------------------
+#
+# The fields a PD pair needs in every request: where the prefill's KV bootstrap server is, a room number that both
+# halves key their transfer state by, and the request ids (rids) the router aborts either half by.
+#
+# Every rid SGLang sees is made here, fresh for every attempt and every batch item, and all of the same length:
+# SGLang aborts every request whose rid *starts with* the given one, so a rid chosen by a client, or one that is a
+# prefix of another, could abort other clients' requests. A client's own id is only logged and echoed back.
+
+_ROOM_BITS = 63  # SGLang keys transfers by a non-negative 63-bit room
+# Rooms and rids must be unique, not secret (SGLang's own router draws rooms from `random` too); seeded from
+# os.urandom per process, without a system call per request as `secrets` and uuid4 make.
+_rng = random.Random()
+
+
+def new_room() -> int:
+    return _rng.getrandbits(_ROOM_BITS)
+
+
+def new_rid() -> str:
+    """32 hex digits: fixed length, so no rid is a prefix of another; 128 random bits, so none repeats."""
+    return f"{_rng.getrandbits(128):032x}"
+
+
+def add_pd_fields(body: dict[str, Any], prefill: Worker, batch_size: int | None) -> list[str]:
+    """Set SGLang's bootstrap_host/port/room (lists for a batch: one room per item) and fresh rids (replacing any the
+    client sent, and those of an earlier attempt); return the rids to abort by."""
+    if batch_size is None:
+        body["bootstrap_host"] = prefill.kv_bootstrap_host
+        body["bootstrap_port"] = prefill.kv_bootstrap_port
+        body["bootstrap_room"] = new_room()
+        body["rid"] = rid = new_rid()
+        return [rid]
+    body["bootstrap_host"] = [prefill.kv_bootstrap_host] * batch_size
+    body["bootstrap_port"] = [prefill.kv_bootstrap_port] * batch_size
+    body["bootstrap_room"] = [new_room() for _ in range(batch_size)]
+    body["rid"] = rids = [new_rid() for _ in range(batch_size)]
+    return list(rids)

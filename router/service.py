@@ -1,5 +1,5 @@
-"""One PD request from the client's side: check it, then attempt it on a pair (router/policies/pairing.py chooses,
-router/dispatch.py dispatches), again on a new pair after a retryable failure before the first byte, and account
+"""One PD request from the client's side: check it, then attempt it on a pair (router/pairing.py chooses,
+router/attempt.py attempts), again on a new pair after a retryable failure before the first byte, and account
 for it (status metric, latency, X-Request-ID, a log line)."""
 
 from __future__ import annotations
@@ -15,20 +15,21 @@ from typing import Any
 import orjson
 
 from pdcluster.http import ApiError, check_bearer, parse_json_object
+from router.attempt import Attempt, Dispatcher
 from router.config import RouterConfig
-from router.dispatch import Dispatcher
 from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 from router.failures import HalfFailed
 from router.kv_fit import PromptTooLong, count_prompt, refuse_empty_texts
 from router.metrics import RouterMetrics
-from router.pd_fields import new_rid
-from router.policies.pairing import Pairing, pair_limits
-from router.request import PdRequest
-from router.validation import CLIENT_ID, Checked, check_for_pair, client_request_id
+from router.pairing import Pairing, check_for_pair, pair_limits
+from router.request import Checked, PdRequest, new_rid
+from router.validation import CLIENT_ID, check_chat, check_completion, check_generate, client_request_id
 
 log = logging.getLogger("pdcluster.router")
 
-Check = Callable[[dict[str, Any]], Checked]
+# The PD routes, each with the check of its bodies (router/validation.py).
+CHECKS: dict[str, Callable[[dict[str, Any]], Checked]] = {
+    "/generate": check_generate, "/v1/completions": check_completion, "/v1/chat/completions": check_chat}
 
 
 class PdService:
@@ -37,19 +38,21 @@ class PdService:
     def __init__(self, config: RouterConfig, pairing: Pairing, metrics: RouterMetrics, api_key: str | None):
         self.config, self.pairing, self.metrics, self.api_key = config, pairing, metrics, api_key
 
-    def route(self, path: str, check: Check) -> Route:
-        """The edge's route for `path`, whose bodies `check` validates."""
-        async def handle(http: EdgeRequest) -> Answer | StreamAnswer:
-            return await self.answer(http, path, check)
-        return handle
+    def routes(self) -> dict[str, Route]:
+        """The edge's PD routes (router/edge.py): each path answered by `answer`."""
+        def route(path: str) -> Route:
+            async def handle(http: EdgeRequest) -> Answer | StreamAnswer:
+                return await self.answer(http, path)
+            return handle
+        return {path: route(path) for path in CHECKS}
 
-    async def answer(self, http: EdgeRequest, route: str, check: Check) -> Answer | StreamAnswer:
+    async def answer(self, http: EdgeRequest, route: str) -> Answer | StreamAnswer:
         started = time.monotonic()
         request_id = http.headers.get("x-request-id")
         try:
             request_id = client_request_id(request_id) if request_id is not None else new_rid()
             async with asyncio.timeout(self.config.total_timeout):
-                answer = await self._attempts(http, route, check, request_id, started)
+                answer = await self._attempts(http, route, request_id, started)
         except ApiError as exc:
             answer = error_answer(exc.status, exc.message, exc.param)
             request_id = request_id if isinstance(request_id, str) and CLIENT_ID.fullmatch(request_id) else new_rid()
@@ -66,12 +69,11 @@ class PdService:
                                         "ms": round((time.monotonic() - started) * 1000, 1), "streaming": streaming})
         return answer
 
-    async def _attempts(self, http: EdgeRequest, route: str, check: Check, request_id: str,
-                        started: float) -> Answer | StreamAnswer:
+    async def _attempts(self, http: EdgeRequest, route: str, request_id: str, started: float) -> Answer | StreamAnswer:
         config = self.config
         check_bearer(http, self.api_key)
         body = parse_json_object(await http.body(config.max_body_bytes), orjson.loads)
-        request = PdRequest(route, request_id, body, check(body), started, config.total_timeout)
+        request = PdRequest(route, request_id, body, CHECKS[route](body), started, config.total_timeout)
         if request.checked.client_rid and log.isEnabledFor(logging.INFO):
             log.info("client id", extra={"request_id": request_id, "client_rid": request.checked.client_rid})
         while True:
@@ -93,7 +95,7 @@ class PdService:
                                             "prefill": prefill.url, "decode": decode.url, "stream": request.stream,
                                             "rids": request.rids})
             try:
-                answer = await self.dispatcher.forward(request, prefill, decode)
+                answer = await Attempt(self.dispatcher, request, prefill, decode).answer()
             except HalfFailed as failure:
                 log.warning("attempt failed", extra={"request_id": request_id, "attempt": request.attempt,
                                                      "error": failure.message, "detail": failure.detail,

@@ -1,13 +1,11 @@
 """What the data plane's HTTP client (router/upstream.py) hands back: a response whose body is read whole or as it
-arrives, and the errors an exchange ends with."""
+arrives, and the errors an exchange ends with. It imports nothing of the router's: the connection that feeds a
+response is known here only by what the response asks of it (`Feed`)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # type only: the connection (router/upstream.py) feeds the response
-    from router.upstream import _Connection
+from typing import Protocol
 
 PAUSE_ABOVE = 1 << 20  # bytes buffered for a consumer iterating behind the worker before its connection pauses
 
@@ -36,12 +34,22 @@ class ReadTimeout(UpstreamError, TimeoutError):
         self.seconds = seconds
 
 
+class Feed(Protocol):
+    """What a response asks of the connection that feeds it (router/upstream.py's `_Connection`)."""
+
+    transport: asyncio.Transport
+    paused: bool
+    response: UpstreamResponse | None
+
+    def resume(self) -> None: ...
+
+
 class UpstreamResponse:
     """A response whose status and headers have arrived; its body is read with read() or iterated as it arrives.
     A response that fails (dropped, timed out, interrupted, closed or cancelled before its end) drops its
     connection: only a complete one gives it back to the pool."""
 
-    def __init__(self, conn: _Connection, read_timeout: float):
+    def __init__(self, conn: Feed, read_timeout: float):
         self._conn, self._read_timeout = conn, read_timeout
         self.status = 0
         self.headers: dict[str, str] = {}

@@ -2,10 +2,10 @@
 
 Every field of a body must be in its route's table; a refused or unknown field is a 400 that names it and says why.
 Then each value is checked against its type and static limits (pydantic, strict), and what depends on the serving
-pair is collected for `check_for_pair`: token ids (prompts, stop ids, logit bias, logprob ids) against the pair's
-vocabulary, token counts and positions against its context length. SGLang 0.5.23 crashes its scheduler on many
-values it does not check (an id out of the vocabulary, a huge top_k, a negative logprob position...), and a crashed
-scheduler fails every request on that worker.
+pair is collected into the request's `Checked` for router/pairing.py's `check_for_pair`: token ids (prompts, stop
+ids, logit bias, logprob ids) against the pair's vocabulary, token counts and positions against its context length.
+SGLang 0.5.23 crashes its scheduler on many values it does not check (an id out of the vocabulary, a huge top_k, a
+negative logprob position...), and a crashed scheduler fails every request on that worker.
 
 Prompts given as token ids are only shaped here (no per-token work, so a 30 MiB body costs its JSON parse and little
 more); their ids are checked per pair, length first.
@@ -14,7 +14,6 @@ more); their ids are checked per pair, length first.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -23,13 +22,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from pdcluster.config_file import field_path
 from pdcluster.http import ApiError
-from router.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision, PairLimit, Rule
-from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES
+from router.inventory.native import GENERATE, SAMPLING
+from router.inventory.openai import CHAT, COMPLETION, MESSAGE
+from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES, Decision, PairLimit, Rule
 from router.kv_fit import chat_bound, may_vanish, text_bound
+from router.request import Checked
 
 # A client's request id is echoed back and logged, never sent to SGLang (which aborts by rid prefix).
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
-HINT_CHARS = 2048  # how much of a prompt the prefix policy keys on
 # Prompt tokens are estimated from characters: about 1 token per 2 characters over-estimates English and code for
 # BPE tokenizers (~4 and ~3 characters a token) and under-estimates CJK (~1), which liveness's margin covers.
 CHARS_PER_TOKEN = 2
@@ -46,97 +46,6 @@ def client_request_id(value: str) -> str:
     if not CLIENT_ID.fullmatch(value):
         raise ApiError(400, "X-Request-ID must be 1-128 characters of A-Z a-z 0-9 . _ : @ / + = -", "X-Request-ID")
     return value
-
-
-@dataclass(frozen=True)
-class Checked:
-    """What the router needs to know about a request whose fields are all accepted."""
-
-    batch_size: int | None  # None: a single request; N: a batch of N items (SGLang wants lists of rooms)
-    stream: bool
-    first_prompt: Any  # as given (text, token ids, a chat message's content): what `hint` is made of
-    token_ids: str | None = None  # the field holding prompts given as token ids, if any
-    prompts: tuple[list, ...] = ()  # those prompts, one list of ids each
-    client_rid: str | None = None  # for the logs
-    # Checked against the pair: (field, ids) of other token-id fields, (field, value, limit) of counts and positions.
-    id_fields: tuple[tuple[str, list[int]], ...] = ()
-    counts: tuple[tuple[str, int, PairLimit], ...] = ()
-    prompt_tokens: int = 0  # an estimate (the router does not tokenize): how much prefill work this request is
-    # The longest prompt's tokens, exact (token ids, or counted by a decode) or an upper bound (text), and its field:
-    # what a decode's KV pool must hold (router/kv_fit.py).
-    longest_prompt: int = 0
-    prompt_exact: bool = False
-    prompt_field: str = "text"
-    # (param, text) of each text prompt made only of characters a tokenizer may drop: counted by the pair's tokenizer
-    # before dispatch (router/kv_fit.py, count_texts), and a 0-token one refused. Empty for every ordinary request.
-    may_vanish: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def hint(self) -> str:
-        """At most HINT_CHARS of the first prompt, as text, for prefix-affinity policies. Made on demand: only they
-        need it, and a prompt that is not text costs a serialization."""
-        prompt = self.first_prompt
-        if isinstance(prompt, str):
-            return prompt[:HINT_CHARS]
-        if self.token_ids is not None:
-            return orjson.dumps(prompt[:HINT_CHARS // 4]).decode()[:HINT_CHARS]
-        return orjson.dumps(prompt)[:HINT_CHARS].decode(errors="ignore")  # a chat message's content parts
-
-
-@dataclass(frozen=True)
-class ModelLimits:
-    """What a pair of workers can take: ids must be < vocab_size, a prompt at most context_length tokens."""
-
-    vocab_size: int | None
-    context_length: int | None
-
-
-# --- the pair's limits ---------------------------------------------------------------------------------------------
-
-def check_for_pair(checked: Checked, limits: ModelLimits) -> None:
-    """400 naming the field (and the bad id and its position); 503 when token ids cannot be checked."""
-    _check_prompts(checked, limits)
-    vocab = limits.vocab_size
-    for field, ids in checked.id_fields:
-        if vocab is None:
-            raise _unknown_vocabulary(field)
-        for position, token in enumerate(ids):
-            if token >= vocab:
-                raise ApiError(400, f"{field}[{position}] is {token}: token ids must be in [0, {vocab}) for this "
-                                    f"model", field)
-    context = limits.context_length
-    if context is None:
-        return
-    for field, value, limit in checked.counts:
-        if value > context or (limit is PairLimit.POSITION and value >= context):
-            raise ApiError(400, f"{field} is {value}; the model's context length is {context}", field)
-
-
-def _unknown_vocabulary(field: str | None) -> ApiError:
-    return ApiError(503, f"{field}: the serving workers' vocabulary size is unknown, so token ids cannot be checked "
-                         f"(static workers need vocab_size in the router config)", field)
-
-
-def _check_prompts(checked: Checked, limits: ModelLimits) -> None:
-    if not checked.prompts:
-        return
-    field = checked.token_ids
-    if limits.vocab_size is None:
-        raise _unknown_vocabulary(field)
-    for item, ids in enumerate(checked.prompts):
-        where = f"{field}[{item}]" if checked.batch_size is not None else field
-        # Length first: it costs nothing, and bounds the per-id work below by the context length.
-        if limits.context_length is not None and len(ids) > limits.context_length:
-            raise ApiError(400, f"{where} has {len(ids)} tokens; the model's context length is "
-                                f"{limits.context_length}", field)
-        if set(map(type, ids)) != {int}:  # bool and float are not token ids
-            position = next(i for i, t in enumerate(ids) if type(t) is not int)
-            raise ApiError(400, f"{where}[{position}] is {orjson.dumps(ids[position]).decode()[:40]}, not a token "
-                                f"id (an integer)", field)
-        if min(ids) < 0 or max(ids) >= limits.vocab_size:
-            position = next(i for i, t in enumerate(ids) if not 0 <= t < limits.vocab_size)
-            raise ApiError(400, f"{where}[{position}] is {ids[position]}: token ids must be in "
-                                f"[0, {limits.vocab_size}) for this model", field)
 
 
 # --- one table applied to one object -------------------------------------------------------------------------------

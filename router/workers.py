@@ -1,18 +1,73 @@
-"""The router's view of its workers: where they are, whether they are healthy, how busy they are."""
+"""The router's view of its workers: where they are, whether they are healthy, how busy they are, and each one's
+circuit breaker. It imports nothing of the router's: every other module may use it.
+
+The circuit breaker, one per worker: after `threshold` consecutive failures a worker gets no traffic for `cooldown`
+seconds, then one trial request (half-open); its success closes the breaker, its failure opens it again.
+
+Every attempt ends in `on_end`, whatever became of it (a 4xx, a client that left, a timeout, the other half's
+failure): a trial that proved nothing frees the slot for the next one instead of keeping the worker out for good.
+A successful health probe after the cooldown counts as a successful trial.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import TYPE_CHECKING
-from urllib.parse import urlparse
+from enum import IntEnum, StrEnum
 
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
-from router.breaker import CircuitBreaker
 
-if TYPE_CHECKING:  # type only: the config checks policy names, and policies import this module
-    from router.config import StaticWorker
+log = logging.getLogger("pdcluster.router")
+
+
+class BreakerState(IntEnum):
+    CLOSED = 0
+    HALF_OPEN = 1
+    OPEN = 2
+
+
+class CircuitBreaker:
+    def __init__(self, threshold: int = 5, cooldown: float = 10.0, clock=time.monotonic):
+        self.threshold, self.cooldown, self._clock = threshold, cooldown, clock
+        self.failures = 0
+        self._opened_at: float | None = None
+        self._trial_in_flight = False
+
+    @property
+    def state(self) -> BreakerState:
+        if self._opened_at is None:
+            return BreakerState.CLOSED
+        if self._clock() - self._opened_at >= self.cooldown:
+            return BreakerState.HALF_OPEN
+        return BreakerState.OPEN
+
+    def allows(self) -> bool:
+        state = self.state
+        return state is BreakerState.CLOSED or (state is BreakerState.HALF_OPEN and not self._trial_in_flight)
+
+    def on_attempt(self) -> None:
+        if self.state is BreakerState.HALF_OPEN:
+            self._trial_in_flight = True
+
+    def on_success(self) -> None:
+        self.failures, self._opened_at, self._trial_in_flight = 0, None, False
+
+    def on_failure(self) -> None:
+        self.failures += 1
+        self._trial_in_flight = False
+        if self.failures >= self.threshold or self._opened_at is not None:
+            self._opened_at = self._clock()
+
+    def on_end(self) -> None:
+        """The attempt is over; if it settled nothing, the next request may be the trial."""
+        self._trial_in_flight = False
+
+    def on_probe_success(self) -> None:
+        if self.state is BreakerState.HALF_OPEN:
+            self.on_success()
+
 
 
 class Admission(StrEnum):
@@ -77,14 +132,6 @@ class Worker:
         return ""
 
     @classmethod
-    def from_static(cls, role: Role, spec: StaticWorker, index: int) -> Worker:
-        url = str(spec.url).rstrip("/")
-        host = spec.kv_bootstrap_host or urlparse(url).hostname
-        return cls(f"static-{role.value}-{index}", role, url, host if role is Role.PREFILL else None,
-                   spec.kv_bootstrap_port, vocab_size=spec.vocab_size, context_length=spec.context_length,
-                   forward_tokens=spec.forward_tokens, static=True)
-
-    @classmethod
     def from_registration(cls, reg: WorkerRegistration) -> Worker:
         return cls(reg.worker_id, reg.role, reg.base_url, reg.bootstrap_host, reg.bootstrap_port, reg.identity,
                    reg.vocab_size, reg.context_length, reg.prompt_budget, reg.forward_tokens,
@@ -114,9 +161,10 @@ class WorkerPool:
         self.workers[worker.worker_id] = worker
         return worker
 
-    def add_static(self, role: Role, specs: list[StaticWorker]) -> None:
-        for index, spec in enumerate(specs):
-            self._add(Worker.from_static(role, spec, index))
+    def add_static(self, workers: Iterable[Worker]) -> None:
+        """Workers listed in the router config (RouterConfig.static_workers)."""
+        for worker in workers:
+            self._add(worker)
 
     def sync_discovered(self, rows: list[WorkerStatus], remove_missing: bool = True) -> None:
         """Make the discovered part of the pool equal the registry listing, keeping live counters of known workers.
@@ -155,3 +203,13 @@ class WorkerPool:
             reasons = "; ".join(sorted({w.incompatible for w in prefills + decodes if w.incompatible}))
             return False, f"no compatible prefill/decode pair: {reasons or 'model identities differ'}"
         return True, f"{len(prefills)} prefill, {len(decodes)} decode healthy"
+
+
+def mark_failed(worker: Worker, threshold: int) -> None:
+    """A failed health check, or (threshold 1) a connection the worker refused or dropped: out of rotation after
+    `threshold` in a row, until a probe succeeds."""
+    worker.failed_probes += 1
+    if worker.failed_probes >= threshold and worker.probe_healthy:
+        worker.probe_healthy = False
+        log.warning("worker ejected", extra={"role": worker.role.value, "worker": worker.url,
+                                             "failed_checks": worker.failed_probes})

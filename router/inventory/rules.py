@@ -3,7 +3,7 @@
 A `Rule` says what the router does with one field of a request, and why. The types here are pydantic types, strict
 (no "5" for 5, no 1.0 for 1, no [true] for true): every value a worker receives has exactly the type SGLang expects,
 within limits that SGLang 0.5.23 survives. Limits that depend on the pair serving the request (its vocabulary, its
-context length) are named by `pair` and checked once the pair is chosen (router/validation.py, `check_for_pair`).
+context length) are named by `pair` and checked once the pair is chosen (router/pairing.py, `check_for_pair`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-from router.breaker import BreakerState, CircuitBreaker
+from router.workers import BreakerState, CircuitBreaker
 
 
 class Clock:

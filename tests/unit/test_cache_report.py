@@ -1,4 +1,4 @@
-from router.cache_report import cached_tokens
+from router.metrics import cached_tokens
 
 
 def test_native_answer_with_tiers():

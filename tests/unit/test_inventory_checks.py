@@ -8,7 +8,8 @@ import pytest
 
 from pdcluster.http import ApiError
 from router.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision
-from router.validation import ModelLimits, check_chat, check_completion, check_for_pair, check_generate
+from router.pairing import ModelLimits, check_for_pair
+from router.validation import check_chat, check_completion, check_generate
 
 LIMITS = ModelLimits(vocab_size=1000, context_length=64)
 CHAT_BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

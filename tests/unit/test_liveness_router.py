@@ -243,9 +243,8 @@ def test_time_the_router_itself_was_stalled_counts_against_no_worker():
 def test_a_static_prefill_gets_the_forward_pass_its_config_gives():
     from router.config import StaticWorker
 
-    listed = Worker.from_static(Role.PREFILL, StaticWorker(url="http://127.0.0.1:1", kv_bootstrap_port=2,
-                                                           forward_tokens=4096), 0)
+    listed = StaticWorker(url="http://127.0.0.1:1", kv_bootstrap_port=2, forward_tokens=4096).worker(Role.PREFILL, 0)
     assert silent_tokens(listed) == 4096
-    unknown = Worker.from_static(Role.PREFILL, StaticWorker(url="http://127.0.0.1:1", kv_bootstrap_port=2), 0)
+    unknown = StaticWorker(url="http://127.0.0.1:1", kv_bootstrap_port=2).worker(Role.PREFILL, 0)
     unknown.pending_prompt_tokens = 12
     assert silent_tokens(unknown) == 12

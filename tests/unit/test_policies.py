@@ -4,12 +4,10 @@ import pytest
 
 from pdcluster.http import ApiError
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
-from router.breaker import CircuitBreaker
+from router.pairing import Pairing
 from router.policies import REGISTRY, make_policy
-from router.policies.pairing import Pairing
-from router.request import PdRequest
-from router.validation import Checked
-from router.workers import Worker, WorkerPool
+from router.request import Checked, PdRequest
+from router.workers import CircuitBreaker, Worker, WorkerPool
 
 NO_PROMPT = ""
 
@@ -33,7 +31,7 @@ def test_round_robin_cycles_in_order():
 
 
 def test_random_is_reproducible_with_a_seed_and_uses_every_worker():
-    from router.policies.random_choice import RandomChoice
+    from router.policies import RandomChoice
 
     pool = workers(0, 0, 0)
     a, b = RandomChoice(seed=7), RandomChoice(seed=7)

@@ -1,6 +1,10 @@
-"""The router's modules import each other without a cycle, so that any of them can be imported first (as
-`python -m router` imports router.config) whatever the order. Read from the source: every import, also one inside
-a function (a late import only hides a cycle), but those under `if TYPE_CHECKING:` (they never run)."""
+"""The checkout's modules import each other without a cycle, and the router's are shallow: a newcomer follows any
+chain of its imports to the bottom in a few steps.
+
+Read from the source: every import counts, also one inside a function (a late import only hides a cycle until it
+runs) and one under `if TYPE_CHECKING:` (a reader follows it all the same). `from package import module` is an
+import of that module, not of the package's `__init__`.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# The longest chain of imports inside router/, counted in imports: `python -m router` (router/__main__.py) -> app ->
+# ... -> a module that imports nothing of the router's. It was 11 when the request path spread over 21 modules.
+LONGEST_ROUTER_CHAIN = 6
 
 
 def module_name(path: Path) -> str:
@@ -17,36 +24,67 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def runtime_imports(tree: ast.Module, known: set[str]) -> set[str]:
+def imports(tree: ast.Module, known: set[str]) -> set[str]:
     found = set()
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        for inner in ast.walk(node):  # in functions too: a late import only hides a cycle until it runs
-            if isinstance(inner, ast.Import):
-                found.update(alias.name for alias in inner.names)
-            elif isinstance(inner, ast.ImportFrom) and inner.module:
-                found.add(inner.module)
-                found.update(f"{inner.module}.{alias.name}" for alias in inner.names)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = {f"{node.module}.{alias.name}" for alias in node.names}
+            found.update(names)
+            if not names <= known:  # names from the module itself, not only its submodules
+                found.add(node.module)
     return found & known
 
 
-def test_router_modules_import_no_cycle():
-    files = {module_name(p): p for p in (ROOT / "router").rglob("*.py")}
-    graph = {name: runtime_imports(ast.parse(path.read_text()), set(files)) - {name} for name, path in files.items()}
-    done: set[str] = set()
+def import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    files = {module_name(p): p for p in paths}
+    return {name: imports(ast.parse(path.read_text()), set(files)) - {name} for name, path in files.items()}
 
-    def visit(name: str, path: list[str]) -> None:
+
+def checkout_modules() -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [ROOT / line for line in listed.stdout.split()]
+
+
+def chains(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """For each module, the longest chain of imports from it (the modules along it); AssertionError on a cycle."""
+    longest: dict[str, list[str]] = {}
+
+    def visit(name: str, path: list[str]) -> list[str]:
         if name in path:
             raise AssertionError(f"import cycle: {' -> '.join([*path[path.index(name):], name])}")
-        if name in done:
-            return
-        for imported in sorted(graph[name]):
-            visit(imported, [*path, name])
-        done.add(name)
+        if name not in longest:
+            below = [visit(imported, [*path, name]) for imported in sorted(graph[name])]
+            longest[name] = [name, *max(below, key=len, default=[])]
+        return longest[name]
 
     for name in sorted(graph):
         visit(name, [])
+    return longest
+
+
+def test_no_module_of_the_checkout_imports_itself_through_others():
+    chains(import_graph(checkout_modules()))
+
+
+def test_the_router_import_chains_are_short():
+    graph = import_graph(sorted((ROOT / "router").rglob("*.py")))
+    chain = max(chains(graph).values(), key=len)
+    assert len(chain) - 1 <= LONGEST_ROUTER_CHAIN, f"{len(chain) - 1} imports: {' -> '.join(chain)}"
+
+
+def test_a_cycle_is_found_also_through_type_checking_and_function_imports():
+    sources = {"router.a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from router.b import B\n",
+               "router.b": "def f():\n    from router import a\n"}
+    known = set(sources)
+    graph = {name: imports(ast.parse(text), known) - {name} for name, text in sources.items()}
+    try:
+        chains(graph)
+    except AssertionError as exc:
+        assert "router.a -> router.b -> router.a" in str(exc)
+    else:
+        raise AssertionError("the cycle was not found")
 
 
 def test_the_router_config_imports_first_in_a_fresh_interpreter():

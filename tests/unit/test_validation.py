@@ -4,15 +4,9 @@ import pytest
 
 from pdcluster.http import ApiError
 from router.kv_fit import may_vanish
-from router.validation import (
-    HINT_CHARS,
-    ModelLimits,
-    check_chat,
-    check_completion,
-    check_for_pair,
-    check_generate,
-    client_request_id,
-)
+from router.pairing import ModelLimits, check_for_pair
+from router.request import HINT_CHARS
+from router.validation import check_chat, check_completion, check_generate, client_request_id
 
 
 @pytest.mark.parametrize(

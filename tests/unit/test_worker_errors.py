@@ -85,7 +85,7 @@ def test_a_text_the_tokenizer_makes_nothing_of_is_refused_naming_the_item():
 
 
 def test_a_defect_of_the_routers_is_still_a_json_error(monkeypatch):
-    monkeypatch.setattr(PdService, "route", lambda self, path, check: _raising)
+    monkeypatch.setattr(PdService, "routes", lambda self: {"/generate": _raising})
     with ServerThread(create_app(RouterConfig(bootstrap_url=None))) as server:
         response = httpx.post(f"{server.url}/generate", json={"text": "a"}, timeout=30)
     assert response.status_code == 500

@@ -12,12 +12,16 @@ unless every available worker of the role has been (then tried ones may serve ag
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import orjson
+
 from pdcluster.http import ApiError
 from pdcluster.protocol import Role
+from router.inventory.rules import PairLimit
 from router.kv_fit import holding
-from router.policies.base import Policy
-from router.request import PdRequest
-from router.validation import ModelLimits
+from router.policies import Policy
+from router.request import Checked, PdRequest
 from router.workers import Worker, WorkerPool
 
 
@@ -65,7 +69,61 @@ def _prompt(policy: Policy, request: PdRequest) -> str:
 
 def pair_limits(prefill: Worker, decode: Worker) -> ModelLimits:
     """What both halves can take (the smaller of what each registered): the prompt's token ids are checked against
-    it (router/validation.py)."""
+    it (check_for_pair)."""
     vocab = [w.vocab_size for w in (prefill, decode) if w.vocab_size is not None]
     context = [w.context_length for w in (prefill, decode) if w.context_length is not None]
     return ModelLimits(min(vocab) if vocab else None, min(context) if context else None)
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a pair of workers can take: ids must be < vocab_size, a prompt at most context_length tokens."""
+
+    vocab_size: int | None
+    context_length: int | None
+
+
+def check_for_pair(checked: Checked, limits: ModelLimits) -> None:
+    """400 naming the field (and the bad id and its position); 503 when token ids cannot be checked."""
+    _check_prompts(checked, limits)
+    vocab = limits.vocab_size
+    for field, ids in checked.id_fields:
+        if vocab is None:
+            raise _unknown_vocabulary(field)
+        for position, token in enumerate(ids):
+            if token >= vocab:
+                raise ApiError(400, f"{field}[{position}] is {token}: token ids must be in [0, {vocab}) for this "
+                                    f"model", field)
+    context = limits.context_length
+    if context is None:
+        return
+    for field, value, limit in checked.counts:
+        if value > context or (limit is PairLimit.POSITION and value >= context):
+            raise ApiError(400, f"{field} is {value}; the model's context length is {context}", field)
+
+
+def _unknown_vocabulary(field: str | None) -> ApiError:
+    return ApiError(503, f"{field}: the serving workers' vocabulary size is unknown, so token ids cannot be checked "
+                         f"(static workers need vocab_size in the router config)", field)
+
+
+def _check_prompts(checked: Checked, limits: ModelLimits) -> None:
+    if not checked.prompts:
+        return
+    field = checked.token_ids
+    if limits.vocab_size is None:
+        raise _unknown_vocabulary(field)
+    for item, ids in enumerate(checked.prompts):
+        where = f"{field}[{item}]" if checked.batch_size is not None else field
+        # Length first: it costs nothing, and bounds the per-id work below by the context length.
+        if limits.context_length is not None and len(ids) > limits.context_length:
+            raise ApiError(400, f"{where} has {len(ids)} tokens; the model's context length is "
+                                f"{limits.context_length}", field)
+        if set(map(type, ids)) != {int}:  # bool and float are not token ids
+            position = next(i for i, t in enumerate(ids) if type(t) is not int)
+            raise ApiError(400, f"{where}[{position}] is {orjson.dumps(ids[position]).decode()[:40]}, not a token "
+                                f"id (an integer)", field)
+        if min(ids) < 0 or max(ids) >= limits.vocab_size:
+            position = next(i for i, t in enumerate(ids) if not 0 <= t < limits.vocab_size)
+            raise ApiError(400, f"{where}[{position}] is {ids[position]}: token ids must be in "
+                                f"[0, {limits.vocab_size}) for this model", field)

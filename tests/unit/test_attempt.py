@@ -1,0 +1,205 @@
+"""One attempt alone (router/attempt.py), driven against fake workers through each way it can end: delivered, the
+client gone, a half failed before or after the client's first byte, a deadline passed. After each: its outcome, and
+the books (in flight and prompt tokens back to 0, the breakers, the aborts each worker got, the metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
+
+import pytest
+
+from router.attempt import Attempt, AttemptState, Dispatcher
+from router.config import RouterConfig
+from router.edge import Answer, StreamAnswer
+from router.failures import HalfFailed
+from router.metrics import RouterMetrics
+from router.request import PdRequest
+from router.upstream import UpstreamClient
+from router.validation import check_generate
+from router.workers import WorkerPool
+from tests.fakes import Behaviour, FakeWorker, ServerThread
+
+
+class Rig:
+    """A prefill and a decode (fakes), and what the router keeps about them, for one attempt at a time."""
+
+    def __init__(self, prefill_url: str, decode_url: str, **config):
+        self.config = RouterConfig(bootstrap_url=None, prefill=[{"url": prefill_url, "kv_bootstrap_port": 8999}],
+                                   decode=[{"url": decode_url}], **config)
+        self.pool = WorkerPool(admission_check=False)
+        self.pool.add_static(self.config.static_workers())
+        self.prefill, self.decode = self.pool.workers["static-prefill-0"], self.pool.workers["static-decode-0"]
+        self.metrics = RouterMetrics(self.pool)
+        self.background: set[asyncio.Future] = set()
+
+    async def run(self, body: dict, drive: Callable[[Attempt], Awaitable[object]]) -> tuple[Attempt, object]:
+        """An attempt of `body` on the pair, driven by `drive`; returns once everything it left in the background
+        (the aborts, the prefill's answer) is done."""
+        client = UpstreamClient(self.config.connect_timeout, self.config.read_timeout)
+        body = dict(body)  # the attempt adds its PD fields to it
+        request = PdRequest("/generate", "test", body, check_generate(body), time.monotonic(),
+                            self.config.total_timeout)
+        request.start_attempt(self.prefill)
+        attempt = Attempt(Dispatcher(client, self.metrics, self.background, self.config), request, self.prefill,
+                          self.decode)
+        try:
+            result = await drive(attempt)
+        finally:
+            while self.background:
+                await asyncio.wait_for(asyncio.gather(*list(self.background), return_exceptions=True), 15)
+            await client.close()
+        return attempt, result
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def books(self) -> dict:
+        return {"in_flight": [self.prefill.in_flight, self.decode.in_flight],
+                "prompt_tokens": self.prefill.pending_prompt_tokens,
+                "breaker_failures": [self.prefill.breaker.failures, self.decode.breaker.failures],
+                "aborts": [self.metric("pdcluster_router_aborts_sent_total", role=r) for r in ("prefill", "decode")]}
+
+
+def attempt_on(prefill: FakeWorker, decode: FakeWorker, body: dict, drive, **config) -> tuple[Attempt, object, Rig]:
+    with ExitStack() as stack:
+        p = stack.enter_context(ServerThread(prefill.app()))
+        d = stack.enter_context(ServerThread(decode.app()))
+        rig = Rig(p.url, d.url, **config)
+        attempt, result = asyncio.run(rig.run(body, drive))
+    assert attempt.state is attempt.outcome.ending  # ended once, as recorded
+    attempt.end(AttemptState.DELIVERED)  # a second end() changes nothing
+    assert attempt.state is attempt.outcome.ending
+    return attempt, result, rig
+
+
+async def relay(attempt: Attempt) -> list[bytes]:
+    """The client's side of a stream, to its end, as the edge pulls it (router/edge.py)."""
+    answer = await attempt.answer()
+    assert isinstance(answer, StreamAnswer)
+    try:
+        return [chunk async for chunk in answer.chunks]
+    finally:
+        answer.close()
+
+
+STREAM = {"text": "hi", "stream": True}
+
+
+def test_delivered_a_stream_gives_back_everything_and_aborts_nothing():
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(chunks=3))
+    attempt, chunks, rig = attempt_on(prefill, decode, STREAM, relay)
+    assert attempt.outcome.ending is AttemptState.DELIVERED and attempt.outcome.aborted == ()
+    assert b"".join(chunks).count(b"data: {") == 3
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [0, 0]}
+    assert prefill.aborted == decode.aborted == []
+    assert rig.metric("pdcluster_router_ttft_seconds_count", route="/generate") == 1
+    assert rig.metric("pdcluster_router_request_duration_seconds_count", route="/generate") == 1  # the relay's
+    assert rig.metric("pdcluster_router_stream_errors_total", route="/generate") == 0
+
+
+def test_delivered_a_whole_answer():
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(chunks=4))
+
+    async def whole(attempt: Attempt) -> Answer | StreamAnswer:
+        return await attempt.answer()
+
+    attempt, answer, rig = attempt_on(prefill, decode, {"text": "hi"}, whole)
+    assert isinstance(answer, Answer) and json.loads(answer.body)["output_ids"] == [0, 1, 2, 3]
+    assert attempt.outcome.ending is AttemptState.DELIVERED
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [0, 0]}
+    assert rig.metric("pdcluster_router_request_duration_seconds_count", route="/generate") == 0  # service.py's
+
+
+@pytest.mark.parametrize("when", ["before the relay began", "mid-relay"])
+def test_client_gone_both_halves_are_aborted_and_no_worker_is_blamed(when):
+    prefill, decode = FakeWorker(Behaviour(hang=True)), FakeWorker(Behaviour(chunks=3, chunk_delay=60))
+
+    async def leave(attempt: Attempt) -> None:
+        answer = await attempt.answer()
+        assert isinstance(answer, StreamAnswer)
+        if when == "mid-relay":
+            assert b"data: {" in await anext(answer.chunks)
+        await answer.chunks.aclose()  # what the edge does whenever an answer ends (router/edge.py, _end_stream)
+        answer.close()
+
+    attempt, _, rig = attempt_on(prefill, decode, STREAM, leave)
+    assert attempt.outcome.ending is AttemptState.CLIENT_GONE and attempt.outcome.failure is None
+    assert attempt.outcome.aborted == (rig.prefill, rig.decode)
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [1, 1]}
+    assert prefill.aborted == decode.aborted == [decode.received[0]["rid"]]
+    assert rig.metric("pdcluster_router_stream_errors_total", route="/generate") == 0
+
+
+def test_client_gone_before_the_answer_started():
+    prefill, decode = FakeWorker(Behaviour(hang=True)), FakeWorker(Behaviour(hang=True))
+
+    async def cancelled(attempt: Attempt) -> None:
+        task = asyncio.ensure_future(attempt.answer())
+        await asyncio.sleep(0.3)
+        task.cancel()  # what the edge does when the client disconnects (router/edge.py)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    attempt, _, rig = attempt_on(prefill, decode, {"text": "hi"}, cancelled)
+    assert attempt.outcome.ending is AttemptState.CLIENT_GONE
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [1, 1]}
+
+
+def test_failed_before_the_first_byte_the_failed_half_is_blamed_and_the_other_aborted():
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(status=503))
+
+    async def refused(attempt: Attempt) -> HalfFailed:
+        with pytest.raises(HalfFailed) as failed:
+            await attempt.answer()
+        return failed.value
+
+    attempt, failure, rig = attempt_on(prefill, decode, STREAM, refused)
+    assert isinstance(failure, HalfFailed) and failure.retryable and failure.worker is rig.decode
+    assert attempt.outcome.ending is AttemptState.FAILED_BEFORE_FIRST_BYTE and attempt.outcome.failure is failure
+    assert attempt.outcome.aborted == (rig.prefill,)
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 1], "aborts": [1, 0]}
+    assert rig.decode.probe_healthy  # a 5xx answer is the breaker's business; only a broken connection ejects
+    assert rig.metric("pdcluster_router_worker_ejections_total", role="decode") == 0
+
+
+def test_failed_after_the_first_byte_the_stream_ends_with_an_error_event_and_the_worker_is_ejected():
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(chunks=5, drop_after_chunks=2))
+    attempt, chunks, rig = attempt_on(prefill, decode, STREAM, relay)
+    assert attempt.outcome.ending is AttemptState.FAILED_AFTER_FIRST_BYTE
+    assert attempt.outcome.failure is not None and attempt.outcome.failure.transport
+    error = json.loads(chunks[-1].removeprefix(b"data: "))["error"]
+    assert error["code"] == 502 and "dropped the connection" in error["message"]
+    assert attempt.outcome.aborted == (rig.prefill,)
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 1], "aborts": [1, 0]}
+    assert not rig.decode.probe_healthy  # out of rotation until a probe succeeds
+    assert rig.metric("pdcluster_router_worker_ejections_total", role="decode") == 1
+    assert rig.metric("pdcluster_router_stream_errors_total", route="/generate") == 1
+
+
+def test_deadline_first_token_timeout_aborts_both_and_blames_no_worker():
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(first_chunk_delay=60))
+    attempt, chunks, rig = attempt_on(prefill, decode, STREAM, relay, first_token_timeout=0.5)
+    assert attempt.outcome.ending is AttemptState.DEADLINE
+    error = json.loads(chunks[-1].removeprefix(b"data: "))["error"]
+    assert error["code"] == 504 and "first_token_timeout (0.5s)" in error["message"]
+    assert attempt.outcome.aborted == (rig.prefill, rig.decode)
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [1, 1]}
+    assert rig.decode.probe_healthy
+    assert rig.metric("pdcluster_router_stream_errors_total", route="/generate") == 1
+
+
+def test_deadline_total_timeout_before_the_answer_started():
+    prefill, decode = FakeWorker(Behaviour(hang=True)), FakeWorker(Behaviour(hang=True))
+
+    async def timed_out(attempt: Attempt) -> None:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(attempt.request.deadline - time.monotonic()):  # as router/service.py
+                await attempt.answer()
+
+    attempt, _, rig = attempt_on(prefill, decode, {"text": "hi"}, timed_out, total_timeout=0.5)
+    assert attempt.outcome.ending is AttemptState.DEADLINE
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [1, 1]}
