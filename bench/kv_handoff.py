@@ -25,7 +25,7 @@ from pathlib import Path
 from bench import report
 from bench.kv_handoff_peers import decode, prefill
 from bench.kv_handoff_plan import PAGE_TOKENS, kv_bytes_per_token, load_shape, page_item_bytes
-from pdcluster.worker.plan import MOONCAKE_TCP_ENV
+from pdcluster.worker.environment import MOONCAKE_TCP_ENV
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
