@@ -1,6 +1,6 @@
 """`python -m bench.kv_handoff` (`make bench-kv-handoff`): the time to move one prompt's KV from a prefill to a decode
 through Mooncake's TCP transport, the way SGLang's mooncake connector does it, against a plain loopback TCP socket
-moving the same bytes in the same run (issue 25, item 2).
+moving the same bytes in the same run.
 
 Two processes per configuration (bench/kv_handoff_peers.py): a decode owning a KV pool of SmolLM2-135M's shape (per
 layer K and V tensors, pages of 64 tokens, room for the largest prompt) and a prefill with the same pool, each with its
