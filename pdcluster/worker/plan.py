@@ -206,6 +206,7 @@ def _registration(role: Role, cluster: ClusterSettings, ns: argparse.Namespace, 
 
 
 def _command(role: Role, options: SGLangOptions, stored: KVStoreSettings | None, cores: list[int]) -> list[str]:
+    """SGLang's command line, inside the kv_store launcher and taskset when they apply."""
     command = [sys.executable, "-m", "sglang.launch_server", *options.argv()]
     # With a KV store: prepares the namespace and builds the page-hash extension, then execs SGLang (kvstore/launch.py)
     if stored is not None:
