@@ -69,7 +69,7 @@ bench:
 bench-cluster:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.cluster $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL))
 
-# Where PD pays (issue 25): streams' ITL while long prompts arrive, PD pinned to a core per worker vs one colocated
+# Where PD pays: streams' ITL while long prompts arrive, PD pinned to a core per worker vs one colocated
 # server, on SmolLM2 (~17 min): bench/results/pd.json and .png (QUICK=1: a ~5 min check of the harness).
 bench-pd:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.pd $(if $(QUICK),--quick)

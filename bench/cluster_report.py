@@ -1,4 +1,4 @@
-"""bench.cluster's numbers: medians over repeats with their spread, the ratios the issue asks for, and for each ratio
+"""bench.cluster's numbers: medians over repeats with their spread, the ratios of COMPARISONS, and for each ratio
 whether the repeats' ranges overlap (then the noise is at least as big as the difference).
 
 Paired ratios: the two targets of a comparison run next to each other in every repeat, so the ratio within one

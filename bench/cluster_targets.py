@@ -20,7 +20,7 @@ import yaml
 from bench import procs
 from pdcluster import models
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
-from pdcluster.worker import plan
+from pdcluster.worker import environment, plan
 from pdcluster.worker.registrar import forward_tokens
 
 REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
@@ -125,8 +125,9 @@ def colocated_command(model: BenchModel, port: int, sleep_on_idle: bool) -> tupl
         argv += [f"--{key}", str(value)]
     # The prefill's CPU workaround (a prefix-cache hit with the overlap scheduler fails on CPU) applies here too.
     argv += ["--disable-overlap-schedule"] + (["--sleep-on-idle"] if sleep_on_idle else [])
-    shim = str(plan.CPU_SHIM_DIR) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
-    return argv, {**plan.COMMON_ENV, **plan.CPU_ENV, "PYTHONPATH": shim}
+    shim = str(environment.CPU_SHIM_DIR)
+    shim += os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""
+    return argv, {**environment.COMMON_ENV, **environment.CPU_ENV, "PYTHONPATH": shim}
 
 
 def start_colocated(model: BenchModel, log_dir: Path, sleep_on_idle: bool, extra_args: list[str] = ()) -> procs.Proc:

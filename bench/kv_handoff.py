@@ -1,6 +1,6 @@
 """`python -m bench.kv_handoff` (`make bench-kv-handoff`): the time to move one prompt's KV from a prefill to a decode
 through Mooncake's TCP transport, the way SGLang's mooncake connector does it, against a plain loopback TCP socket
-moving the same bytes in the same run (issue 25, item 2).
+moving the same bytes in the same run.
 
 Two processes per configuration (bench/kv_handoff_peers.py): a decode owning a KV pool of SmolLM2-135M's shape (per
 layer K and V tensors, pages of 64 tokens, room for the largest prompt) and a prefill with the same pool, each with its
@@ -25,7 +25,7 @@ from pathlib import Path
 from bench import report
 from bench.kv_handoff_peers import decode, prefill
 from bench.kv_handoff_plan import PAGE_TOKENS, kv_bytes_per_token, load_shape, page_item_bytes
-from pdcluster.worker.plan import MOONCAKE_TCP_ENV
+from pdcluster.worker.environment import MOONCAKE_TCP_ENV
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"

@@ -1,5 +1,5 @@
 """bench/results/kv-handoff.png from kv-handoff.json: hand-off time per prompt size (Mooncake per layout and the
-socket, default configuration), the Mooncake/socket ratio per configuration against the issue's 2x target, and where
+socket, default configuration), the Mooncake/socket ratio per configuration against its 2x target, and where
 one 4k-token hand-off's time goes (engine start, registration, first contact, the copy)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m bench.pd` (`make bench-pd`): the regime PD exists for, on this machine's 2 cores (issue 25).
+"""`python -m bench.pd` (`make bench-pd`): the regime PD exists for, on this machine's 2 cores.
 
 K=4 closed-loop clients stream long answers (96 tokens) from short prompts while long prompts (~2000 tokens, 4 new
 tokens) arrive at a steady rate, swept over that rate. Two modes on the same cores, both running for the whole run:

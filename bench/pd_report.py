@@ -1,5 +1,5 @@
 """bench.pd's results: goodput under the ITL SLO, medians and spreads of the repeats, PD/colocated ratios paired
-within each repeat, the issue's verdicts, the picture, and the Markdown table bench/README.md shows.
+within each repeat, the verdicts against PD's targets, the picture, and the Markdown table bench/README.md shows.
 
 `python -m bench.pd_report [bench/results/pd.json]` derives, draws and prints the table again from a results file.
 """

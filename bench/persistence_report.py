@@ -1,5 +1,5 @@
 """bench.persistence's results: medians per series and mode, ratios (over cold, and on over off paired within each
-repeat), ITL percentiles, the targets of issue 23, the machine, the plot."""
+repeat), ITL percentiles, the KV persistence targets (TARGETS), the machine, the plot."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Turn the measured cells into the verdicts the issue asks for, and describe the machine they were measured on."""
+"""Turn the measured cells into verdicts against the router's targets; describe the machine they were measured on."""
 
 from __future__ import annotations
 

@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
@@ -25,11 +27,23 @@ from pdcluster.protocol import Heartbeat, Role, WorkerListing, WorkerRegistratio
 MAX_WAIT_SECONDS = 30.0
 log = logging.getLogger("pdcluster.bootstrap")
 REAPER_LAG = 1.0  # seconds the reaper may wake late before the time counts as this service's own stall
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+Parse = Callable[..., Awaitable[Any]]  # (request, model, newer_ok=False) -> the validated body
 
 
 def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lambda: False) -> FastAPI:
     registry = Registry(config.ttl_seconds)
     token = config.resolved_token()
+    app = FastAPI(title="pdcluster bootstrap service", lifespan=_reaper(registry, config, shutting_down))
+    app.state.registry = registry
+    install_error_handlers(app)
+    _add_worker_routes(app, registry, token, _body_parser(token, config))
+    _add_listing_route(app, registry)
+    return app
+
+
+def _reaper(registry: Registry, config: BootstrapConfig, shutting_down: Callable[[], bool]) -> Lifespan:
+    """The app's lifespan: a task expiring the workers whose heartbeats stopped, for as long as the app runs."""
 
     async def reap() -> None:
         interval = min(0.5, config.ttl_seconds / 4)
@@ -55,10 +69,11 @@ def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lamb
         yield
         task.cancel()
 
-    app = FastAPI(title="pdcluster bootstrap service", lifespan=lifespan)
-    app.state.registry = registry
-    install_error_handlers(app)
+    return lifespan
 
+
+def _body_parser(token: str | None, config: BootstrapConfig) -> Parse:
+    """The writes' common first step: the token checked, then the JSON body read and validated."""
     warned: set[tuple[str, ...]] = set()
 
     async def parse(request: Request, model: type[BaseModel], newer_ok: bool = False):
@@ -78,6 +93,12 @@ def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lamb
         except ValidationError as exc:
             field, message = first_validation_problem(exc)
             raise ApiError(400, f"{field}: {message}", field) from None
+
+    return parse
+
+
+def _add_worker_routes(app: FastAPI, registry: Registry, token: str | None, parse: Parse) -> None:
+    """/health and the writes: what the launchers send (register, heartbeat, deregister) and an operator's drain."""
 
     @app.get("/health")
     async def health() -> dict:
@@ -102,17 +123,11 @@ def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lamb
     @app.post("/v1/workers/{worker_id}/drain")
     async def drain(worker_id: str, request: Request) -> dict:
         """Take the worker out of the routers' pools: it finishes what it has and gets nothing new."""
-        return await _set_draining(worker_id, request, True)
+        return await _set_draining(registry, token, worker_id, request, True)
 
     @app.delete("/v1/workers/{worker_id}/drain")
     async def resume(worker_id: str, request: Request) -> dict:
-        return await _set_draining(worker_id, request, False)
-
-    async def _set_draining(worker_id: str, request: Request, draining: bool) -> dict:
-        check_bearer(request, token)
-        if not await registry.set_draining(worker_id, draining):
-            raise ApiError(404, f"worker {worker_id} is not registered")
-        return {"worker_id": worker_id, "draining": draining}
+        return await _set_draining(registry, token, worker_id, request, False)
 
     @app.delete("/v1/workers/{worker_id}")
     async def deregister(worker_id: str, request: Request) -> dict:
@@ -121,11 +136,22 @@ def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lamb
             raise ApiError(404, f"worker {worker_id} is not registered")
         return {"ok": True}
 
+
+
+async def _set_draining(registry: Registry, token: str | None, worker_id: str, request: Request,
+                        draining: bool) -> dict:
+    check_bearer(request, token)
+    if not await registry.set_draining(worker_id, draining):
+        raise ApiError(404, f"worker {worker_id} is not registered")
+    return {"worker_id": worker_id, "draining": draining}
+
+
+def _add_listing_route(app: FastAPI, registry: Registry) -> None:
+    """The routers' read: the registry, at once or, with `wait_version`, as soon as it changes."""
+
     @app.get("/v1/workers", response_model=WorkerListing)
     async def listing(role: Role | None = None, model: str | None = None, wait_version: int | None = None,
                       timeout: float = 10.0) -> WorkerListing:
         if wait_version is not None:
             await registry.wait_for_change(wait_version, max(0.0, min(timeout, MAX_WAIT_SECONDS)))
         return registry.listing(role, model)
-
-    return app

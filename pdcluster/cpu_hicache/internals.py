@@ -55,6 +55,15 @@ def check() -> dict[str, Any]:
     """Verify every internal the adaptation touches; return them. Patches nothing."""
     base, mha, controller = _module(BASE), _module(MHA), _module(CONTROLLER)
     host_kv = _attr(base, "HostKVCache", BASE)
+    pool = _check_host_pool(host_kv, mha)
+    _check_transfer_ops(pool, mha)
+    _check_reserve(base)
+    hicache = _check_controller(controller)
+    return {"base": base, "mha": mha, "HostKVCache": host_kv, "HiCacheController": hicache}
+
+
+def _check_host_pool(host_kv: Any, mha: ModuleType) -> Any:
+    """The host pools take pin_memory (set False on CPU), and the MHA pool, a HostKVCache, allocates with it."""
     pin = _params(_attr(host_kv, "__init__", f"{BASE}.HostKVCache"), f"{BASE}.HostKVCache.__init__").get("pin_memory")
     if pin is None or pin.kind is not inspect.Parameter.KEYWORD_ONLY:
         _fail(f"{BASE}.HostKVCache.__init__ no longer takes the keyword-only parameter pin_memory")
@@ -64,6 +73,12 @@ def check() -> dict[str, Any]:
     dummy = _attr(pool, "get_dummy_flat_data_page", f"{MHA}.MHATokenToKVPoolHost")
     if "pin_memory" not in getattr(getattr(dummy, "__code__", None), "co_names", ()):  # the file backend's reads
         _fail(f"{MHA}.MHATokenToKVPoolHost.get_dummy_flat_data_page no longer allocates with self.pin_memory")
+    return pool
+
+
+def _check_transfer_ops(pool: Any, mha: ModuleType) -> None:
+    """The pool's transfer methods call the ops by their module-global names, with sgl_kernel's keywords, and none is
+    already bound to something else."""
     calls: set[str] = set()
     kwnames: set[frozenset] = set()
     for name in CALLERS:
@@ -81,16 +96,24 @@ def check() -> dict[str, Any]:
             _fail(f"{MHA} no longer calls {op} with the keyword arguments of sgl_kernel.kvcacheio.{op}")
         if getattr(mha, op, _MISSING) is not _MISSING and getattr(mha, op) is not getattr(ops, op):
             _fail(f"{MHA}.{op} is already bound on this machine without CUDA (0.5.23 binds it on CUDA/ROCm/XPU only)")
+
+
+def _check_reserve(base: ModuleType) -> None:
+    """The host memory reserve is an int that the budget reads."""
     if not isinstance(_attr(base, RESERVE, BASE), int):
         _fail(f"{BASE}.{RESERVE} is no longer an int")
     budget = _attr(base, "host_memory_budget_bytes", BASE)
     if RESERVE not in getattr(getattr(budget, "__code__", None), "co_names", ()):
         _fail(f"{BASE}.host_memory_budget_bytes no longer reads {RESERVE}")
+
+
+def _check_controller(controller: ModuleType) -> Any:
+    """HiCacheController takes the host pool and the io backend, which the direct-only check reads."""
     hicache = _attr(controller, "HiCacheController", CONTROLLER)
     init = _params(_attr(hicache, "__init__", f"{CONTROLLER}.HiCacheController"), f"{CONTROLLER}.HiCacheController")
     if not {"mem_pool_host", "io_backend"} <= init.keys():
         _fail(f"{CONTROLLER}.HiCacheController.__init__ no longer takes mem_pool_host and io_backend")
-    return {"base": base, "mha": mha, "HostKVCache": host_kv, "HiCacheController": hicache}
+    return hicache
 
 
 def _set(owner: Any, name: str, value: Any) -> None:

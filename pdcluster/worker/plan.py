@@ -1,10 +1,10 @@
 """Decide, from a worker config, exactly how SGLang is started: its argv, its environment, what gets registered.
 
-`build_plan` takes the same steps for both roles, with what they share: the CPU profile, the kv_store wiring and the
-checks of checks.py. What one role adds (its part of the CPU profile, its kv_store options and checks, its KV
-bootstrap server) is in its own folder, prefill/plan.py or decode/plan.py: a `RoleRules`, which the role's entry point
-passes in. This module never imports its users, so `pdcluster` stands on its own. Order of precedence for every SGLang
-option: command line > config file > the defaults applied here and by the role.
+`build_plan` takes the same steps for both roles, with what they share: the CPU profile, the kv_store wiring, the
+environment (environment.py) and the checks of checks.py. What one role adds (its part of the CPU profile, its kv_store
+options and checks, its KV bootstrap server) is in its own folder, prefill/plan.py or decode/plan.py: a `RoleRules`,
+which the role's entry point passes in. This module never imports its users, so `pdcluster` stands on its own. Order of
+precedence for every SGLang option: command line > config file > the defaults applied here and by the role.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from pdcluster.config_file import ConfigError, load_yaml, validation_message
 from pdcluster.kvstore import wiring
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration
-from pdcluster.worker import checks
+from pdcluster.worker import checks, environment
 from pdcluster.worker.options import SGLangOptions, sglang_parser
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
 
@@ -55,12 +55,10 @@ class RoleRules(Protocol):
         """The port of the role's SGLang KV bootstrap server (one it chose is set in `options`); None: it runs none."""
 
 
-# Package data (pyproject.toml), so it is there in an installed wheel as in a checkout.
-CPU_SHIM_DIR = Path(__file__).resolve().parent.parent / "cpu_shim"
 MOONCAKE_BACKENDS = {"mooncake", "mooncake_tcp"}
 
-# The CPU profile both roles get (each role adds its own CPU_FLAGS and CPU_ENV). Measured on a CPU-only x86 box with
-# SGLang 0.5.23 (see docs/architecture.md, "CPU profile").
+# The CPU profile's SGLang options for both roles (each role adds its own CPU_FLAGS; the profile's environment is
+# environment.py's). Measured on a CPU-only x86 box with SGLang 0.5.23 (see docs/architecture.md, "CPU profile").
 CPU_FLAGS = {
     "device": "cpu",
     "attention-backend": "torch_native",
@@ -75,22 +73,7 @@ CPU_FLAGS = {
     "max-total-tokens": 16384,
     "disaggregation-transfer-backend": "mooncake_tcp",
 }
-CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
-# SGLang's /health waits for any output of the scheduler and, after 20 s without one, answers 503 and marks the
-# server unhealthy (which also makes a later SIGTERM skip the drain). One long forward pass (a long prompt on a CPU)
-# is silent for that long: judging a busy scheduler is the router's liveness's job (router/liveness.py), so SGLang's
-# own limit is set far above any probe's timeout.
-CPU_ATTENTION_ENV = "PDCLUSTER_CPU_ATTENTION"  # cluster.cpu_attention, read by pdcluster/cpu_attention in SGLang
 TASKSET = "taskset"  # util-linux: on every Linux host and in the images
-THREADS_ENV = "OMP_NUM_THREADS"  # cluster.cpus: torch's intra-op threads, one per core the worker is given
-SETTING_DECIDES = ("PYTHONPATH", CPU_ATTENTION_ENV, THREADS_ENV)
-# PDCLUSTER_THREAD_GUARD: a worker whose KV-transfer thread died ends instead of serving on (pdcluster/thread_guard.py).
-COMMON_ENV = {"MC_LOG_LEVEL": "ERROR", "SGLANG_HEALTH_CHECK_TIMEOUT": "600", "PDCLUSTER_THREAD_GUARD": "1"}
-# Mooncake's TCP transport rejects a whole batch (the hand-off fails, nothing retried) once more than 1024 queued +
-# 1024 pending transfers wait for one peer; SGLang sends one transfer per run of pages per KV tensor, so a 2.2k-token
-# SmolLM2 prompt on scattered pages (a churned decode pool) already fails. Measured in bench.kv_handoff: 16384 and
-# 32768 carry an 8k-token SmolLM2 prompt on scattered pages (7680 transfers); 65536 is refused like the default.
-MOONCAKE_TCP_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "32768"}
 
 # cluster.kv_store: SGLang HiCache with its file storage, set so that KV really persists (pdcluster/kvstore/). What
 # each role sets for it is its KV_STORE_FLAGS; what both share is here.
@@ -144,31 +127,52 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     role = rules.ROLE
     raw = load_yaml(config_path) if config_path else {}
     cluster = _cluster_settings(raw.pop("cluster", None) or {}, cluster_overrides)
+    options = _role_options(rules, raw, overrides)
+    cpu = cluster.device == "cpu" or (cluster.device == "auto" and not cuda_available())
+    _set_defaults(rules, options, cpu, cluster.kv_store)
+    ns = options.parse()
+    stored = _check_final(rules, ns, cpu, cluster.kv_store)
+    advertise = checks.advertise_address(ns.host, cluster.advertise_host)
+    kv_bootstrap_port = rules.kv_bootstrap_port(options, ns, cluster)
+    cores = checks.check_cpus(cluster)
+    final_env, env_added = environment.sglang_env(cluster, ns, advertise, cores, stored,
+                                                  rules.CPU_ENV if cpu else None, env)
+    registration = _registration(role, cluster, ns, advertise, kv_bootstrap_port)
+    return LaunchPlan(role, _command(role, options, stored, cores), final_env, env_added, cluster, registration, cpu)
 
+
+def _role_options(rules: RoleRules, raw: dict, overrides: list[str]) -> SGLangOptions:
+    """The file's SGLang options, the command line's on top, checked against the role, which sets the mode."""
+    role = rules.ROLE
     options = SGLangOptions(sglang_parser())
     for key, value in raw.items():
         options.set_value(key, value)
     options.apply_argv(overrides)
-
     mode = options.tokens.get("disaggregation_mode")
     if mode and mode[1:] != [role.value]:
         raise ConfigError(f"disaggregation-mode {' '.join(mode[1:])} contradicts this {role.value} worker")
     rules.check_options(options)
     options.set_value("disaggregation-mode", role.value)
-    cpu = cluster.device == "cpu" or (cluster.device == "auto" and not cuda_available())
+    return options
+
+
+def _set_defaults(rules: RoleRules, options: SGLangOptions, cpu: bool, kv: KVStoreSettings | None) -> None:
+    """What no source set: the CPU profile, Mooncake, and what kv_store needs."""
     if cpu:
         for key, value in {**CPU_FLAGS, **rules.CPU_FLAGS}.items():
             options.set_default(key, value)
     options.set_default("disaggregation-transfer-backend", "mooncake")  # explicit, whatever SGLang's default
-    kv = cluster.kv_store
     if kv is not None:
         options.set_default("page-size", KV_PAGE_SIZE)
         for key, value in rules.kv_store_flags(kv, KV_DEVICE_FLAGS[cpu]).items():
             options.set_default(key, value)
         _wire_sealed_storage(options, kv)
 
-    ns = options.parse()
-    stored = kv if kv is not None and rules.stores_kv(ns) else None  # the KV store this worker writes to, if any
+
+def _check_final(rules: RoleRules, ns: argparse.Namespace, cpu: bool,
+                 kv: KVStoreSettings | None) -> KVStoreSettings | None:
+    """Refuse final options that cannot work here; return the KV store this worker writes to, if any."""
+    stored = kv if kv is not None and rules.stores_kv(ns) else None
     if stored is not None:
         checks.check_kv_store(ns, cpu, rules.check_kv_store)
         checks.check_kv_store_dir(stored.dir)
@@ -177,34 +181,13 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
                           f"with Mooncake (mooncake, or mooncake_tcp without RDMA)")
     checks.check_model_path(ns.model_path)
     checks.check_port_free(ns.host, ns.port, "SGLang HTTP")
-    advertise = checks.advertise_address(ns.host, cluster.advertise_host)
-    kv_bootstrap_port = rules.kv_bootstrap_port(options, ns, cluster)
+    return stored
 
-    env_added = {**COMMON_ENV, **(MOONCAKE_TCP_ENV if ns.disaggregation_transfer_backend == "mooncake_tcp" else {}),
-                 **cluster.env}
-    env_added["SGLANG_HOST_IP"] = advertise  # Mooncake and SGLang's ZMQ endpoints bind/announce this address
-    if cpu:
-        env_added.update(CPU_ENV | rules.CPU_ENV)
-        base = (env or os.environ).get("PYTHONPATH")
-        env_added["PYTHONPATH"] = f"{CPU_SHIM_DIR}{os.pathsep}{base}" if base else str(CPU_SHIM_DIR)
-    if kv is not None and cpu:
-        env_added["PDCLUSTER_CPU_HICACHE"] = "1"  # pdcluster/cpu_hicache (an SGLang plugin) adapts HiCache to CPU
-    if cpu:  # pdcluster/cpu_attention (an SGLang plugin): extend attention of the new tokens only
-        env_added[CPU_ATTENTION_ENV] = "1" if cluster.cpu_attention else "0"
-        # pdcluster/cpu_transfer_race (an SGLang plugin): the prefill's transfer loop survives SGLang's clean-up race
-        env_added["PDCLUSTER_CPU_TRANSFER_RACE"] = "1"
-    if stored is not None:
-        env_added.update(_kv_store_env(stored, ns.tp_size * ns.pp_size))
-    cores = checks.check_cpus(cluster)
-    if cores:
-        env_added[THREADS_ENV] = str(len(cores))
-    final_env = dict(env or os.environ)
-    for key, value in env_added.items():
-        if key in SETTING_DECIDES or key not in final_env:  # the setting decides, not a stray export
-            final_env[key] = value
-    env_added = {k: final_env[k] for k in env_added}
 
-    registration = WorkerRegistration(
+def _registration(role: Role, cluster: ClusterSettings, ns: argparse.Namespace, advertise: str,
+                  kv_bootstrap_port: int | None) -> WorkerRegistration:
+    """What the bootstrap service is told about this worker."""
+    return WorkerRegistration(
         worker_id=cluster.worker_id or f"{role.value}-{advertise}-{ns.port}",
         role=role,
         url=f"http://{advertise}:{ns.port}",
@@ -220,6 +203,10 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
         **_model_limits(ns.model_path, ns.context_length),
         instance_id=uuid.uuid4().hex,
     )
+
+
+def _command(role: Role, options: SGLangOptions, stored: KVStoreSettings | None, cores: list[int]) -> list[str]:
+    """SGLang's command line, inside the kv_store launcher and taskset when they apply."""
     command = [sys.executable, "-m", "sglang.launch_server", *options.argv()]
     # With a KV store: prepares the namespace and builds the page-hash extension, then execs SGLang (kvstore/launch.py)
     if stored is not None:
@@ -228,7 +215,7 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
                    "--orphan-tmp-age", str(stored.orphan_tmp_age), "--", *command]
     if cores:  # taskset execs the command on those cores: every process and thread it starts inherits them
         command = [TASKSET, "--cpu-list", ",".join(map(str, cores)), *command]
-    return LaunchPlan(role, command, final_env, env_added, cluster, registration, cpu)
+    return command
 
 
 def _cluster_settings(section: object, overrides: dict[str, str | None] | None) -> ClusterSettings:
@@ -263,16 +250,6 @@ def _wire_sealed_storage(options: SGLangOptions, kv: KVStoreSettings) -> None:
     configured = options.tokens.get(wiring.EXTRA_CONFIG, [None, None])[1]
     options.set_value("hicache-storage-backend-extra-config", wiring.extra_config(configured, kv.secret_file))
     options.set_default("enable-metrics", True)
-
-
-def _kv_store_env(kv: KVStoreSettings, ranks: int) -> dict[str, str]:
-    """SGLang's LRU evictor for the file storage. Each TP/PP rank bounds its own files, so each gets its share."""
-    env = {}
-    if kv.max_size:
-        env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] = str(max(1, int(kv.max_size) // ranks))
-    if kv.min_free_space:
-        env["SGLANG_HICACHE_FILE_BACKEND_MIN_FREE_SPACE"] = str(int(kv.min_free_space))
-    return env
 
 
 def _model_limits(model_path: str, context_length: int | None) -> dict[str, int | None]:

@@ -1,4 +1,4 @@
-"""Issue 3 on real processes: discovery of several workers, compatibility, and restarts without lost requests."""
+"""Worker discovery on real processes: several workers, compatibility, and restarts without lost requests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 4 behaviour that lives in SGLang: prefix affinity hits the radix cache, a disconnect frees KV slots."""
+"""Router behaviour that lives in SGLang: prefix affinity hits the radix cache, a disconnect frees KV slots."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@ import importlib.util
 
 import pytest
 
-from pdcluster.worker.plan import CPU_SHIM_DIR
+from pdcluster.worker.environment import CPU_SHIM_DIR
 
 
 def load_shim():

@@ -15,8 +15,9 @@ import decode.plan
 import prefill.plan
 from pdcluster.kvstore import wiring
 from pdcluster.protocol import Role
+from pdcluster.worker.environment import CPU_SHIM_DIR
 from pdcluster.worker.options import ConfigError
-from pdcluster.worker.plan import CPU_SHIM_DIR, build_plan
+from pdcluster.worker.plan import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = {Role.PREFILL: prefill.plan, Role.DECODE: decode.plan}  # what each role's entry point passes the launcher

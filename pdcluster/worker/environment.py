@@ -1,0 +1,82 @@
+"""The environment SGLang is started with: what every worker gets, the CPU profile's part, the kv_store LRU bound's,
+the cores' thread count. plan.py decides the rest of the launch (the options, the command, the registration) and
+calls `sglang_env` with what it decided.
+
+What the plan adds replaces the launcher's own environment only for the keys a setting decides (SETTING_DECIDES); for
+the others an export already there wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
+
+# Package data (pyproject.toml), so it is there in an installed wheel as in a checkout.
+CPU_SHIM_DIR = Path(__file__).resolve().parent.parent / "cpu_shim"
+# The CPU profile's environment for both roles (each role adds its own CPU_ENV); its SGLang options are plan.py's
+# CPU_FLAGS.
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+CPU_ATTENTION_ENV = "PDCLUSTER_CPU_ATTENTION"  # cluster.cpu_attention, read by pdcluster/cpu_attention in SGLang
+THREADS_ENV = "OMP_NUM_THREADS"  # cluster.cpus: torch's intra-op threads, one per core the worker is given
+SETTING_DECIDES = ("PYTHONPATH", CPU_ATTENTION_ENV, THREADS_ENV)
+# SGLang's /health waits for any output of the scheduler and, after 20 s without one, answers 503 and marks the
+# server unhealthy (which also makes a later SIGTERM skip the drain). One long forward pass (a long prompt on a CPU)
+# is silent for that long: judging a busy scheduler is the router's liveness's job (router/liveness.py), so SGLang's
+# own limit is set far above any probe's timeout.
+# PDCLUSTER_THREAD_GUARD: a worker whose KV-transfer thread died ends instead of serving on (pdcluster/thread_guard.py).
+COMMON_ENV = {"MC_LOG_LEVEL": "ERROR", "SGLANG_HEALTH_CHECK_TIMEOUT": "600", "PDCLUSTER_THREAD_GUARD": "1"}
+# Mooncake's TCP transport rejects a whole batch (the hand-off fails, nothing retried) once more than 1024 queued +
+# 1024 pending transfers wait for one peer; SGLang sends one transfer per run of pages per KV tensor, so a 2.2k-token
+# SmolLM2 prompt on scattered pages (a churned decode pool) already fails. Measured in bench.kv_handoff: 16384 and
+# 32768 carry an 8k-token SmolLM2 prompt on scattered pages (7680 transfers); 65536 is refused like the default.
+MOONCAKE_TCP_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "32768"}
+
+
+def sglang_env(cluster: ClusterSettings, ns: argparse.Namespace, advertise: str, cores: list[int],
+               stored: KVStoreSettings | None, role_cpu_env: dict[str, str] | None,
+               env: dict[str, str] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """SGLang's whole environment (`env`, or this process's, with the plan's additions), and what of it the plan
+    decided. `ns`: SGLang's final options; `stored`: the KV store the worker writes to, if any; `role_cpu_env`: on
+    CPU, the role's CPU_ENV (None off CPU)."""
+    env_added = {**COMMON_ENV, **(MOONCAKE_TCP_ENV if ns.disaggregation_transfer_backend == "mooncake_tcp" else {}),
+                 **cluster.env}
+    env_added["SGLANG_HOST_IP"] = advertise  # Mooncake and SGLang's ZMQ endpoints bind/announce this address
+    if role_cpu_env is not None:
+        env_added.update(_cpu_env(cluster, role_cpu_env, env))
+    if stored is not None:
+        env_added.update(_kv_store_env(stored, ns.tp_size * ns.pp_size))
+    if cores:
+        env_added[THREADS_ENV] = str(len(cores))
+    final_env = dict(env or os.environ)
+    for key, value in env_added.items():
+        if key in SETTING_DECIDES or key not in final_env:  # the setting decides, not a stray export
+            final_env[key] = value
+    return final_env, {k: final_env[k] for k in env_added}
+
+
+def _cpu_env(cluster: ClusterSettings, role_cpu_env: dict[str, str], env: dict[str, str] | None) -> dict[str, str]:
+    """The CPU profile's: the role's variables, the stand-in sgl_kernel first on PYTHONPATH, and which of pdcluster's
+    SGLang plugins act."""
+    added = CPU_ENV | role_cpu_env
+    base = (env or os.environ).get("PYTHONPATH")
+    added["PYTHONPATH"] = f"{CPU_SHIM_DIR}{os.pathsep}{base}" if base else str(CPU_SHIM_DIR)
+    if cluster.kv_store is not None:
+        added["PDCLUSTER_CPU_HICACHE"] = "1"  # pdcluster/cpu_hicache (an SGLang plugin) adapts HiCache to CPU
+    # pdcluster/cpu_attention (an SGLang plugin): extend attention of the new tokens only
+    added[CPU_ATTENTION_ENV] = "1" if cluster.cpu_attention else "0"
+    # pdcluster/cpu_transfer_race (an SGLang plugin): the prefill's transfer loop survives SGLang's clean-up race
+    added["PDCLUSTER_CPU_TRANSFER_RACE"] = "1"
+    return added
+
+
+def _kv_store_env(kv: KVStoreSettings, ranks: int) -> dict[str, str]:
+    """SGLang's LRU evictor for the file storage. Each TP/PP rank bounds its own files, so each gets its share."""
+    env = {}
+    if kv.max_size:
+        env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] = str(max(1, int(kv.max_size) // ranks))
+    if kv.min_free_space:
+        env["SGLANG_HICACHE_FILE_BACKEND_MIN_FREE_SPACE"] = str(int(kv.min_free_space))
+    return env
