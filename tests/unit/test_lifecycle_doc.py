@@ -43,8 +43,8 @@ def test_the_lifecycle_page_is_the_first_link_of_the_readme_documentation():
     assert first is not None and first.group(2) == "docs/lifecycle.md"
 
 
-# This project's tracker: "issue 34", "#34". Another project's issue, named with it ("sglang #26747", "owner/repo#1"),
-# is a citation of a fact, and stays.
+# This project's tracker: the word issue and a number, or a bare "#" and a number. Another project's issue, named
+# with it ("sglang #26747", "owner/repo#1"), is a citation of a fact, and stays.
 ISSUE = re.compile(r"\bissues? #?\d+|(?<![\w/&])(?<!\w )#\d+\b", re.IGNORECASE)
 
 
