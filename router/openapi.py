@@ -86,9 +86,12 @@ _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "code"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
         "code": {"type": "integer"}}}}}
-_STREAM = {"type": "string", "description": "Server-sent events: `data: <JSON>` per event (the route's answer "
-                                            "object, in pieces), a final `data: [DONE]` on the OpenAI routes; a "
-                                            "failure after the first event is one last `data: {\"error\": ...}`."}
+# One server-sent event, as schemathesis and OpenAPI 3.2 read a `text/event-stream` schema: the event's fields.
+_STREAM = {"type": "object", "required": ["data"], "description": (
+    "One server-sent event: `data: <JSON>` (the route's answer object, in pieces), a final `data: [DONE]` on the "
+    "OpenAI routes; a failure after the first event is one last `data: {\"error\": ...}`."),
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+                   "retry": {"type": "integer"}}}
 _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
           "properties": {k: {"type": "integer"} for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
 _GENERATED = {"type": "object", "required": ["meta_info"], "properties": {

@@ -16,6 +16,7 @@ from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
+    response_schema_conformance,
     status_code_conformance,
 )
 
@@ -101,6 +102,22 @@ def test_the_router_keeps_to_its_contract(router_url, contract, route, mode):
             assert set(response.json()["error"]) >= {"message", "type", "code"}
 
     send()
+
+
+STREAMED = {"/generate": {"text": "Hello", "stream": True},
+            "/v1/completions": {"model": "m", "prompt": "Hello", "stream": True},
+            "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "stream": True}}
+
+
+@pytest.mark.parametrize("route", PD_ROUTES)
+def test_a_streamed_answer_keeps_to_its_event_schema(router_url, contract, route):
+    """schemathesis reads a `text/event-stream` schema as one event's ({data, event, id, retry}): a schema of the
+    whole stream as a string failed the real fuzzer on the first streamed answer it checked."""
+    operation = schemathesis.openapi.from_dict(contract)[route]["POST"]
+    case = operation.Case(body=STREAMED[route])
+    response = case.call(base_url=router_url, timeout=30)
+    assert response.status_code == 200 and response.headers["content-type"][0].startswith("text/event-stream")
+    case.validate_response(response, checks=[response_schema_conformance, content_type_conformance])
 
 
 @pytest.mark.parametrize("route", [*PD_ROUTES, "/ready"])
