@@ -29,14 +29,17 @@ async def probe(worker: Worker, client: httpx.AsyncClient, config: RouterConfig,
     try:
         response = await client.get(f"{worker.url}/health", timeout=config.health_timeout)
         ok = response.status_code == 200
+        if liveness is not None:
+            # Any answer ends the wait, a refusal too: SGLang refuses /health at once while it drains (503), and
+            # a draining decode publishing its snapshot only every 15 steps was ejected as stuck mid-stream. A stuck
+            # scheduler keeps /health waiting (SGLANG_HEALTH_CHECK_TIMEOUT is 600 s in every worker plan).
+            liveness.health_answered()
     except httpx.TimeoutException:
         # Its scheduler is busy or stuck: no verdict here. Liveness judges that, with the time the work in flight on
         # the worker may take (one long prompt can keep SGLang's /health waiting for longer than health_timeout).
         return
     except httpx.HTTPError:
         ok = False
-    if liveness is not None and ok:
-        liveness.health_answered()
     if ok:
         if not worker.probe_healthy:
             log.warning("worker readmitted", extra={"role": worker.role.value, "worker": worker.url})

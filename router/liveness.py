@@ -94,7 +94,7 @@ class Liveness:
     last_answer: float  # the last answer to a liveness probe (or when watching began)
     last_progress: float  # the last time the scheduler's snapshot moved (or when watching began)
     stamps: tuple | None = None
-    waiting_since: float | None = None  # our /health has had no 200 since then (None: its last one was a 200)
+    waiting_since: float | None = None  # our /health has had no answer since then (None: its last one answered)
     reason: str = ""  # why it is hung, "" while it is live
     task: asyncio.Task | None = None
     seconds_per_token: float = DEFAULT_SECONDS_PER_TOKEN  # the worker's own prefill cost, once it has enough of it

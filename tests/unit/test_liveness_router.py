@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
 from pdcluster.protocol import Role
 from router.app import create_app
@@ -38,11 +38,12 @@ def snapshot(stamp: float) -> dict:
 class FreezableWorker(FakeWorker):
     """A fake SGLang worker with /v1/loads. `frozen`: nothing answers (a SIGSTOPped process tree); `stalled`: the
     HTTP side answers but the scheduler is stuck (no token, /health waits, the snapshot stands still); `quiet`:
-    the snapshot stands still only (an idle SGLang publishes nothing)."""
+    the snapshot stands still only (an idle SGLang publishes nothing); `draining`: /health refused at once (503, as
+    SGLang's while it shuts down) and the snapshot still, while its streams go on."""
 
     def __init__(self, behaviour: Behaviour) -> None:
         super().__init__(behaviour)
-        self.frozen = self.stalled = self.quiet = False
+        self.frozen = self.stalled = self.quiet = self.draining = False
         self.stamp = time.time()
 
     def app(self) -> FastAPI:
@@ -52,11 +53,13 @@ class FreezableWorker(FakeWorker):
         async def freeze(request: Request, call_next):
             while self.frozen or (self.stalled and request.url.path == "/health"):
                 await asyncio.sleep(0.01)
+            if self.draining and request.url.path == "/health":
+                return Response(status_code=503)
             return await call_next(request)
 
         @app.get("/v1/loads")
         async def loads() -> dict:
-            if not (self.stalled or self.quiet):
+            if not (self.stalled or self.quiet or self.draining):
                 self.stamp = time.time()
             return {"loads": [{"timestamp": self.stamp, "num_running_reqs": 0, "num_waiting_reqs": 0}]}
 
@@ -82,7 +85,7 @@ def pd_cluster(prefill: FakeWorker, decodes: list[FakeWorker], **config):
         router = stack.enter_context(ServerThread(create_app(cfg)))
         yield router.url
         for d in decodes:  # let the servers stop
-            d.frozen = d.stalled = d.quiet = False
+            d.frozen = d.stalled = d.quiet = d.draining = False
 
 
 
@@ -176,6 +179,21 @@ def test_workers_whose_snapshot_stands_still_but_whose_health_answers_stay_in():
         assert events[-1] == "data: [DONE]"  # 4 s of streaming, more than twice the stall timeout
         assert busy in (0, 1)
         assert not ejected.is_set()
+
+
+def test_a_draining_decode_that_refuses_health_and_publishes_seldom_finishes_its_stream():
+    """`docker stop` of a SmolLM2 decode mid-stream: SGLang answers /health 503 at once while it drains and publishes
+    its snapshot every 15 steps. A refused probe is an answer, not a scheduler keeping /health waiting: the router
+    used to eject it as stuck and cut the stream the drain was there to finish."""
+    prefill = FakeWorker()
+    decodes = [FreezableWorker(Behaviour(chunks=40, chunk_delay=0.1)) for _ in range(2)]
+    with pd_cluster(prefill, decodes) as url:
+        with httpx.stream("POST", f"{url}/generate", json={"text": "slow", "stream": True}, timeout=30) as r:
+            busy = decodes[int(r.headers["x-pdcluster-decode"][-1])]
+            busy.draining = True
+            events = [line for line in r.iter_lines() if line.startswith("data:")]
+        assert events[-1] == "data: [DONE]", events[-2:]  # 4 s of streaming, more than twice the stall timeout
+        assert len(events) == 41
 
 
 def test_a_prefill_silent_in_a_long_forward_pass_keeps_its_requests_and_a_stuck_one_is_ejected():
