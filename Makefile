@@ -39,12 +39,17 @@ check:
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# The suites that start no SGLang process and no Docker first, on both cores (xdist), then the cluster suites one
+# cluster at a time (tests/conftest.py's ORDER); both run whatever the first gave, and either failing fails `make test`.
 test: check
-	$(PY) -m pytest tests
+	@$(PY) -m pytest -m "not cluster" -n 2 tests; quick=$$?; \
+	$(PY) -m pytest -m cluster tests; clusters=$$?; \
+	echo "make test: not-cluster suites exit $$quick, cluster suites exit $$clusters"; \
+	[ $$quick -eq 0 ] && [ $$clusters -eq 0 ]
 
 # Every test that starts no SGLang process and no Docker (the `cluster` marker: tests/conftest.py), in a few minutes.
 quick: check
-	$(PY) -m pytest -m "not cluster" tests
+	$(PY) -m pytest -m "not cluster" -n 2 tests
 
 unit:
 	$(PY) -m pytest tests/unit

@@ -24,14 +24,19 @@ from tests.helpers import until
 MAX_SILENCE_S = 60.0  # a decode step on one core takes ~0.2 s; a whole 2000-token prefill on the other, ~20 s
 
 
-def restart_pinned(cluster, router, name: str, core: int) -> None:
-    process = cluster.processes[name]
-    process.signal(signal.SIGTERM)
-    process.popen.wait(timeout=120)
-    process.command = [*process.command, "--cluster", f"cpus={core}"]
-    process.start()
-    assert until(lambda: len(healthy_workers(router)) == 2 or not process.running, 600, 0.5), process.tail(40)
-    assert process.running, f"{name} exited after its pinned restart:\n{process.tail(40)}"
+def restart_pinned(cluster, router, cores: dict[str, int]) -> None:
+    """Both workers stopped, then started pinned together: one SGLang start's wait, not two in a row."""
+    processes = {name: cluster.processes[name] for name in cores}
+    for process in processes.values():
+        process.signal(signal.SIGTERM)
+    for name, process in processes.items():
+        process.popen.wait(timeout=120)
+        process.command = [*process.command, "--cluster", f"cpus={cores[name]}"]
+        process.start()
+    assert until(lambda: len(healthy_workers(router)) == 2 or not all(p.running for p in processes.values()), 600,
+                 0.5), [p.tail(40) for p in processes.values()]
+    for name, process in processes.items():
+        assert process.running, f"{name} exited after its pinned restart:\n{process.tail(40)}"
 
 
 def sglang_tree(launcher_pid: int) -> list[psutil.Process]:
@@ -44,8 +49,9 @@ def test_pinned_prefill_and_decode_serve_streams_and_a_long_prompt_without_stall
     body = {"text": "Tell me about the sea.", "sampling_params": {"max_new_tokens": 32, "temperature": 0}}
     unpinned = router.post("/generate", json=body).json()["output_ids"]
 
-    for name, core in (("prefill-0", cores[0]), ("decode-0", cores[1])):
-        restart_pinned(cluster, router, name, core)
+    pinned = {"prefill-0": cores[0], "decode-0": cores[1]}
+    restart_pinned(cluster, router, pinned)
+    for name, core in pinned.items():
         launcher = psutil.Process(cluster.processes[name].popen.pid)
         tree = sglang_tree(launcher.pid)
         assert tree, f"{name}: no SGLang process under its launcher"
