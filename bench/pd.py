@@ -36,7 +36,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # A prefill worker with one core and a mix of long and short prompts: SGLang's defaults (fcfs, one 4096-token chunk)
 # make a short prompt wait for every long prompt queued before it, each a forward of seconds; shortest-prefill-first
 # lets it pass them, and 256-token chunks bound what it waits for to one chunk's forward (~1 s on one core). The
-# CPU attention plugin makes the extra chunks cheap (each computes only its own queries). bench/README: PD results.
+# CPU attention plugin makes the extra chunks cheap (each computes only its own queries). bench/README: PD benchmark.
 PREFILL_SCHEDULING = "--chunked-prefill-size 256 --schedule-policy shortest-prefill-first"
 METRICS = ("sglang:per_stage_req_latency_seconds", "sglang:queue_time_seconds", "sglang:kv_transfer_latency_ms",
            "sglang:kv_transfer_bootstrap_ms", "pdcluster_router_ttft_seconds", "sglang:time_to_first_token_seconds",

@@ -3,7 +3,7 @@ and open-loop probes: a short prompt every `probe_period` s, sent at its time wh
 
 The probes are what a short prompt's TTFT is judged by: the streams' own requests are a closed loop, so in a
 colocated server, where a long prompt's prefill stops every stream, no stream ends and no stream request arrives
-while one runs (bench/README: "the benchmark's blind spot"); a probe arrives whenever its time comes.
+while one runs; a probe arrives whenever its time comes.
 
 Every request goes to SGLang's native `/generate` with `"stream": true` (through our router in PD mode), as token
 ids drawn at random (each prompt its own, so that no radix cache turns a prefill into a hit). A request's record

@@ -1,0 +1,290 @@
+"""bench/README.md's result tables, rendered from the results files under bench/results/ so that they cannot go
+stale: each table sits between `<!-- table: NAME -->` and `<!-- end table -->`, and NAME is a key of TABLES.
+
+`python -m bench.tables` rewrites the README's tables from the results files; `--check` only says whether they
+differ (tests/unit/test_bench_tables.py fails when they do). The numbers are the ones the benchmarks derived and
+stored (bench.report, bench.pd_report, bench.cluster_report, bench.persistence_report); this only lays them out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import pd_report
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+README = BENCH / "README.md"
+BLOCK = re.compile(r"(<!-- table: (?P<name>[\w.-]+) -->\n).*?(<!-- end table -->)", re.S)
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def grid(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def source(result: dict, name: str) -> str:
+    m = result["machine"]
+    return f"From `bench/results/{name}` ({m['date_utc'][:10]}, commit `{m['git_commit'][:7]}`):"
+
+
+# --- router (bench.router; derived by bench.report) ---------------------------------------------------------------
+
+def router(name: str = "router.json") -> str:
+    result = load(name)
+    cells = {(c["target"], c["concurrency"], c["mode"]): c for c in result["cells"]}
+    added = result["derived"]["added_latency_ms"]
+    rows = []
+    for conc in result["settings"]["concurrency"]:
+        for mode in result["settings"]["modes"]:
+            ours, sgl = cells[("ours", conc, mode)], cells[("sglang", conc, mode)]
+            a, b = added[f"ours/c{conc}/{mode}"], added[f"sglang/c{conc}/{mode}"]
+            rate = "chunks_per_s" if mode == "stream" else "req_per_s"
+            rows.append([conc, mode, f"{num(a['p50'])} / {num(a['p99'])}", f"{num(b['p50'])} / {num(b['p99'])}",
+                         f"{ours[rate]:.0f} / {sgl[rate]:.0f} ({ours[rate] / sgl[rate]:.2f}x)",
+                         f"{num(ours['target_cpu_ms_per_request'], 3)} / {num(sgl['target_cpu_ms_per_request'], 3)}"])
+    return source(result, name) + "\n\n" + grid(
+        ["concurrency", "mode", "added p50 / p99 ms, ours", "added p50 / p99 ms, SGLang's",
+         "ours / SGLang's req/s (plain) or chunks/s (stream)", "CPU ms per request, ours / SGLang's"], rows)
+
+
+HISTORY = (("previous/router_cc26fb0_httpx.json", "httpx"),
+           ("previous/router_7cf9362_aiohttp_h11.json", "aiohttp's client, uvicorn on h11"),
+           ("previous/router_ddbd160_aiohttp_httptools.json", "aiohttp's client, uvicorn on httptools"),
+           ("router.json", "its own client on httptools, a bare-ASGI edge, `workers: 2`"),
+           *((f"c256_repeats/run{i}.json", "the same, concurrency 256 only") for i in (1, 2, 3)))
+
+
+def router_history() -> str:
+    rows = []
+    for name, stack in HISTORY:
+        result = load(name)
+        cells = {(c["target"], c["concurrency"], c["mode"]): c for c in result["cells"]}
+        pairs = [(cells.get(("ours", 256, mode)), cells.get(("sglang", 256, mode))) for mode in ("plain", "stream")]
+        rates = [f"{o[key]:.0f} ({o[key] / s[key]:.2f}x)" if o and s else "-"
+                 for (o, s), key in zip(pairs, ("req_per_s", "chunks_per_s"), strict=True)]
+        cpu = [c["target_cpu_ms_per_request"] for c in result["cells"] if c["target"] == "ours"]
+        rows.append([f"`{name}` (`{result['machine']['git_commit'][:7]}`)", stack, *rates,
+                     f"{min(cpu):.2f}-{max(cpu):.2f}"])
+    return grid(["results file (commit)", "the router's HTTP stack", "ours req/s plain at 256 (x SGLang's)",
+                 "chunks/s at 256 (x SGLang's)", "our CPU ms per request, all cells"], rows)
+
+
+# --- KV persistence (bench.persistence; derived by bench.persistence_report) ---------------------------------------
+
+HITS = (("storage", "from disk"), ("disk", "page cache dropped"), ("memory", "from memory"))
+
+
+def persistence(name: str) -> str:
+    result = load(name)
+    modes = result["results"] if isinstance(result["results"], dict) else {"-": result["results"]}
+    rows = [[row["prompt_tokens"], mode, f"{row['cold_ttft_s']:.2f} s"]
+            + [f"{row[f'{s}_ttft_s']:.2f} s ({row[f'{s}_over_cold']:.3f}x)" for s, _ in HITS]
+            for rows in zip(*modes.values(), strict=True) for mode, row in zip(modes, rows, strict=True)]
+    repeats = result["settings"]["repeats"]
+    text = source(result, name) + f" {repeats} repeat(s), medians; each hit over its cold TTFT\n\n"
+    text += grid(["prompt tokens", "cpu_attention", "cold", *(label for _, label in HITS)], rows)
+    if "targets" in result:
+        targets = [[goal, num(t.get("on"), 3), num(t.get("off"), 3), t.get("target", "-"), _met(t["met"])]
+                   for goal, t in result["targets"].items() if "on" in t]
+        cold = result["targets"]["cold_chunked"]
+        targets.append(["cold_chunked: cold on <= cold off - SGLang's recomputed attention",
+                        f"{cold['cold_on_s']:.1f} s", f"{cold['cold_off_s']:.1f} s",
+                        f"<= {cold['floor_s']:.1f} s", _met(cold["met"])])
+        text += "\n\n" + grid(["target", "on", "off", "target", "met"], targets)
+    return text
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+# --- PD (bench.pd; derived by bench.pd_report) ---------------------------------------------------------------------
+
+PD_COLUMNS = (("itl_p50", "ITL p50 ms", 0), ("itl_p99", "ITL p99 ms", 0), ("ttft_probe_p50", "probe TTFT p50 ms", 0),
+              ("ttft_long_p50", "long TTFT p50 ms", 0), ("tokens_per_s", "output tok/s", 1),
+              ("goodput", "goodput streams/s", 2))
+
+
+def pd(name: str, cells: bool = True) -> str:
+    result = load(name)
+    parts = []
+    for model, run in result["models"].items():
+        d = run["derived"]
+        rows = []
+        for key, row in d["summary"].items():
+            mode, label = key.split("/")
+            rows.append([label, mode, *(pd_report._fmt(row[k]["repeats"], digits) for k, _, digits in PD_COLUMNS)])
+        ratios = [[label, *(_ratio(pairs[k]) for k, _, _ in PD_COLUMNS)]
+                  for label, pairs in d["ratios_pd_over_colocated"].items()]
+        idle = ", ".join(f"{m} {v:.0f} ms" for m, v in d["idle_itl_ms"].items())
+        table = grid(["long prompts", "mode", *(h for _, h, _ in PD_COLUMNS)], rows) + "\n\n" if cells else ""
+        parts.append(f"{source(result, name)} {model}, repeat 0 / repeat 1; idle ITL p50 {idle}\n\n" + table
+                     + grid(["long prompts", *(f"PD / colocated {h.removesuffix(' ms')}" for _, h, _ in PD_COLUMNS)],
+                            ratios))
+    return "\n\n".join(parts)
+
+
+def _ratio(pair: dict) -> str:
+    if pair["ratio"] is None:
+        return "-"
+    return f"{pair['ratio']:.2f} ({num(pair['min'])}-{num(pair['max'])})"
+
+
+def pd_verdicts(name: str = "pd.json") -> str:
+    result = load(name)
+    rows = []
+    for run in result["models"].values():
+        for goal, v in run["derived"]["verdicts"].items():
+            got = v.get("ratio", f"PD {v.get('pd')} vs colocated {v.get('colocated')}")
+            rows.append([goal, "-" if got is None else got, ", ".join(map(str, v.get("paired", []))) or "-",
+                         _met(v["pass"])])
+    return grid(["target", "PD / colocated", "per repeat", "verdict"], rows)
+
+
+# --- cluster (bench.cluster; derived by bench.cluster_report) -------------------------------------------------------
+
+RUN_METRICS = (("request_throughput", "req/s", 3), ("median_ttft_ms", "TTFT p50 ms", 0),
+               ("p99_ttft_ms", "TTFT p99 ms", 0), ("median_tpot_ms", "TPOT p50 ms", 1),
+               ("request_goodput", "goodput req/s", 3), ("cached_tokens", "cached prompt tokens", 0))
+
+
+def cluster_runs(name: str) -> str:
+    result = load(name)
+    groups: dict[tuple, dict[int, dict]] = {}
+    for r in result["runs"]:
+        groups.setdefault((r["session"], r["target"], r["workload"]), {})[r["repeat"]] = r
+    rows = []
+    for (session, target, workload), repeats in groups.items():
+        cells = []
+        for metric, _, digits in RUN_METRICS:
+            values = [repeats[k].get(metric) for k in sorted(repeats)]
+            cells.append("-" if all(v is None for v in values) else " / ".join(num(v, digits) for v in values))
+        rows.append([f"{target} ({workload}{', ' + session if session != 'main' else ''})", *cells])
+    return (source(result, name) + " each repeat's value, r0 / r1 / r2\n\n"
+            + grid(["target (load)", *(h for _, h, _ in RUN_METRICS)], rows))
+
+
+RATIO_METRICS = (("request_throughput", "req/s"), ("median_ttft_ms", "TTFT p50"), ("median_tpot_ms", "TPOT p50"),
+                 ("request_goodput", "goodput"), ("cached_tokens", "cached tokens"))
+
+
+def cluster_ratios(name: str) -> str:
+    result = load(name)
+    rows = []
+    for comparison, metrics in result["derived"]["ratios"].items():
+        cells = []
+        for metric, _ in RATIO_METRICS:
+            v = metrics.get(metric)
+            if not v:
+                cells.append("-")
+                continue
+            paired = f" ({', '.join(f'{x:.2f}' for x in v['paired'])})" if v.get("paired") else ""
+            cells.append(f"{v['ratio']:.2f}{' noise' if v['within_noise'] else ''}{paired}")
+        rows.append([comparison, *cells])
+    idle = "; ".join(f"{variant}: {v['cores']:.3f} cores" for variant, v in result["derived"]
+                     ["idle_local_cluster"].items())
+    return (source(result, name) + " median ratio, `noise` when the repeats' ranges overlap, in brackets the ratio "
+            "within each repeat\n\n" + grid(["comparison", *(h for _, h in RATIO_METRICS)], rows)
+            + f"\n\nIdle, the `make up` shape: {idle}.")
+
+
+# --- idle, decode only, KV hand-off ---------------------------------------------------------------------------------
+
+def idle(name: str = "idle.json") -> str:
+    result = load(name)
+    cpu = result["idle_cpu_cores"]
+    rows = [[tree, f"{cores:.4f}"] for tree, cores in cpu["per_tree"].items()]
+    rows.append(["**total**", f"**{cpu['local_yaml_shape_total']:.4f}**"])
+    kinds = [[kind, f"{cores:.4f}"] for kind, cores in cpu["per_thread_kind"].items()]
+    return (source(result, name) + f" {cpu['seconds']:.0f} s idle\n\n" + grid(["process tree", "cores"], rows)
+            + "\n\n" + grid(["process, thread kind x count", "cores"], kinds))
+
+
+def decode_only(name: str = "decode-only.json") -> str:
+    result = load(name)
+    batches = result["batches"]
+    rows = [["output tokens/s", *(f"{b['output_throughput']['median']:.0f}" for b in batches)],
+            ["TPOT p50 / p99 (ms)", *(f"{b['median_tpot_ms']['median']:.1f} / {b['p99_tpot_ms']['median']:.1f}"
+                                      for b in batches)],
+            ["errors", *(str(b["errors"]) for b in batches)]]
+    return (source(result, name) + f" medians of {result['repeats']} repeats, {result['input_len']} prompt tokens, "
+            f"{result['output_len']} new\n\n" + grid(["requests in flight", *(str(b["batch"]) for b in batches)], rows))
+
+
+def kv_handoff(name: str = "kv-handoff.json") -> str:
+    result = load(name)
+    rows = []
+    for cell in result["configs"]["default"]["cells"]:
+        moon, sock = cell["mooncake"], cell["socket"]
+        got = (f"{moon['median_s'] * 1e3:.1f} ({moon['gb_per_s']:.2f} GB/s)" if "median_s" in moon
+               else f"**failed** ({moon['error']} after {moon['failed_after_s'] * 1e3:.1f} ms)")
+        rows.append([cell["layout"], f"{cell['tokens']} ({cell['bytes'] / 1e6:.0f} MB)", cell["transfers"], got,
+                     f"{sock['median_s'] * 1e3:.1f} ({sock['gb_per_s']:.2f} GB/s)",
+                     num(cell["ratio_mooncake_over_socket"])])
+    ratios = result["derived"]["ratio_at_target_tokens"]
+    configs = [[config, num(ratios.get(f"{config}/contiguous")), num(ratios.get(f"{config}/scattered"))]
+               for config in result["configs"]]
+    return (source(result, name) + " the `default` configuration, medians of "
+            f"{result['repeats']} runs\n\n"
+            + grid(["pages", "tokens", "transfers", "Mooncake ms", "socket ms", "Mooncake / socket"], rows)
+            + "\n\nMooncake / socket at 4096 tokens per configuration (`-`: Mooncake failed):\n\n"
+            + grid(["configuration", "contiguous", "scattered"], configs))
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "router": router,
+    "router-history": router_history,
+    "persistence-llama-small": lambda: persistence("persistence-llama-small.json"),
+    "persistence-smollm2": lambda: persistence("persistence-smollm2.json"),
+    "persistence-smollm2-8k": lambda: persistence("persistence-smollm2-8k.json"),
+    "persistence-8b-balance": lambda: persistence("persistence.json"),
+    "pd": lambda: pd("pd.json"),
+    "pd-verdicts": pd_verdicts,
+    "pd-fcfs": lambda: pd("pd-fcfs.json", cells=False),
+    "pd-colocated-spf": lambda: pd("pd-colocated-spf.json", cells=False),
+    "pd-tiny-llama": lambda: pd("pd-tiny-llama.json", cells=False),
+    "cluster-smollm2": lambda: cluster_runs("cluster-smollm2.json"),
+    "cluster-ratios": lambda: cluster_ratios("cluster.json"),
+    "idle": idle,
+    "decode-only": decode_only,
+    "kv-handoff": kv_handoff,
+}
+
+
+def render(text: str) -> str:
+    """The README's text with every marked table rendered again from its results file."""
+    def one(match: re.Match) -> str:
+        name = match.group("name")
+        if name not in TABLES:
+            raise KeyError(f"bench/README.md marks a table {name!r} that bench/tables.py does not know")
+        return f"{match.group(1)}{TABLES[name]()}\n{match.group(3)}"
+    return BLOCK.sub(one, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text = README.read_text()
+    new = render(text)
+    if "--check" in argv:
+        print("bench/README.md's tables are up to date" if new == text else "bench/README.md's tables are stale")
+        return 0 if new == text else 1
+    README.write_text(new)
+    print(f"rendered {len(BLOCK.findall(new))} tables into {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
