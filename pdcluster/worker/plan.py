@@ -58,7 +58,7 @@ class RoleRules(Protocol):
 MOONCAKE_BACKENDS = {"mooncake", "mooncake_tcp"}
 
 # The CPU profile's SGLang options for both roles (each role adds its own CPU_FLAGS; the profile's environment is
-# environment.py's). Measured on a CPU-only x86 box with SGLang 0.5.23 (see docs/architecture.md, "CPU profile").
+# environment.py's). Measured on a CPU-only x86 box with SGLang 0.5.23 (see docs/cpu.md).
 CPU_FLAGS = {
     "device": "cpu",
     "attention-backend": "torch_native",
