@@ -15,7 +15,8 @@ file is up to date, and that the tables name every field of SGLang {version}'s r
 
 The router is the cluster's trust boundary: no request may hurt another request or a worker. A field in no table
 below is refused with a 400 that names it, as is every field marked *refused* (with the reason), unless it is sent
-as `null` or as SGLang's own default where the table names one: that asks for nothing, and the field is left out
+as `null` or as SGLang's own default where the table names one (`field (default ...)`): that asks for nothing, and
+the field is left out
 (clients such as SGLang's bench_serving spell out every default). Every other field
 is type-checked strictly (no `"5"` for 5, no `[true]` for `true`) and sent only within its limits; limits that
 depend on the model are checked against the prefill/decode pair chosen to serve the request (its vocabulary size
@@ -33,18 +34,34 @@ MARK = {Decision.PASSED: "passed", Decision.BOUNDED: "bounded", Decision.ROUTER:
 
 
 def render(version: str) -> str:
-    out = [intro(version)]
+    """One row per decision and reason: the fields that share both are listed together, and a row already shown in an
+    earlier table is named after its table instead of repeated, so each limit is said once."""
+    out, seen = [intro(version)], set()
     for title, table in TABLES.items():
-        out.append(f"\n## `{title}`\n\n| field | decision | why, and the limits |\n|---|---|---|")
-        for name, rule in sorted(table.items(), key=lambda kv: (kv[1].decision is Decision.REFUSED, kv[0])):
-            why = rule.reason or "its type only"
-            if rule.pair is not None:
-                why += f"; {rule.pair.value}"
-            if rule.default is not None:
-                why += f"; `{json.dumps(rule.default)}` (SGLang's default) is taken as not given"
-            out.append(f"| `{name}` | {MARK[rule.decision]} | {why} |")
+        out.append(f"\n## `{title}`\n\n| fields | decision | why, and the limits |\n|---|---|---|")
+        rows = _rows(table)
+        out += [f"| {', '.join(names)} | {MARK[key[0]]} | {key[1]} |" for key, names in rows if key not in seen]
+        again: dict[Decision, list[str]] = {}
+        for key, names in rows:
+            if key in seen:
+                again.setdefault(key[0], []).extend(names)
+        if again:
+            out.append("\nAs in a table above (the same decision, for the same reason): " + "; ".join(
+                f"{MARK[decision]} {', '.join(names)}" for decision, names in again.items()) + ".")
+        seen.update(key for key, _ in rows)
     return "\n".join(out) + "\n"
 
+
+def _rows(table: dict) -> list[tuple[tuple[Decision, str], list[str]]]:
+    """(decision, why) -> the fields it decides, passed and bounded ones first."""
+    rows: dict[tuple[Decision, str], list[str]] = {}
+    for name, rule in sorted(table.items()):
+        why = rule.reason or "its type only"
+        if rule.pair is not None:
+            why += f"; {rule.pair.value}"
+        shown = f"`{name}`" if rule.default is None else f"`{name}` (default `{json.dumps(rule.default)}`)"
+        rows.setdefault((rule.decision, why), []).append(shown)
+    return sorted(rows.items(), key=lambda kv: (kv[0][0] is Decision.REFUSED, kv[1][0]))
 
 if __name__ == "__main__":
     from importlib.metadata import version
