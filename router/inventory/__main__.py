@@ -36,7 +36,8 @@ MARK = {Decision.PASSED: "passed", Decision.BOUNDED: "bounded", Decision.ROUTER:
 def render(version: str) -> str:
     """One row per decision and reason: the fields that share both are listed together, and a row already shown in an
     earlier table is named after its table instead of repeated, so each limit is said once."""
-    out, seen = [intro(version)], set()
+    out: list[str] = [intro(version)]
+    seen: set[tuple[Decision, str]] = set()
     for title, table in TABLES.items():
         out.append(f"\n## `{title}`\n\n| fields | decision | why, and the limits |\n|---|---|---|")
         rows = _rows(table)
