@@ -41,12 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from bootstrap.app import create_app
+    from pdcluster.http_server import JsonErrorHttpTools
 
     server: uvicorn.Server | None = None
     app = create_app(config, shutting_down=lambda: server is not None and server.should_exit)
     # Long-polls are cut short on shutdown: routers then keep their last listing until the service is back.
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                          access_log=False, timeout_graceful_shutdown=1))
+                                          access_log=False, timeout_graceful_shutdown=1,
+                                          http=JsonErrorHttpTools))
     server.run()
     return 0
 

@@ -40,6 +40,8 @@ def run_process(config: RouterConfig, make_app: MakeApp, sock: socket.socket | N
     """Run one router process until SIGINT/SIGTERM (uvicorn's graceful shutdown)."""
     import uvicorn
 
+    from pdcluster.http_server import JsonErrorHttpTools
+
     app = make_app(config)
     # The objects made at start-up live for good: keep them out of the collector's way, and collect less often
     # (a relayed request allocates many short-lived objects; measured ~5-10% of the router's CPU at 256 clients).
@@ -48,7 +50,7 @@ def run_process(config: RouterConfig, make_app: MakeApp, sock: socket.socket | N
     gc.set_threshold(10_000, 10, 10)
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
-        loop="uvloop", http="httptools",  # the fast pair (bench/README.md)
+        loop="uvloop", http=JsonErrorHttpTools,  # httptools: the fast pair (bench/README.md)
         timeout_keep_alive=config.keep_alive_timeout,
         proxy_headers=False,  # the router reads no client address; X-Forwarded-* headers are passed on as they are
         # Streams in flight finish first. uvicorn annotates an int, but only hands it to asyncio.wait_for: a float

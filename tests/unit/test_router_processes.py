@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -114,3 +116,21 @@ def test_an_idle_client_connection_outlives_the_clients_own_keep_alive(router):
         assert connection.getresponse().status == 200
     finally:
         connection.close()
+
+
+def test_a_request_the_http_parser_refuses_gets_the_json_error(router):
+    """A header httptools cannot parse (a `Transfer-Encoding` that is not a coding, found by the schema fuzzer) is
+    answered before the app sees the request: in the same JSON error shape as every other 400, not uvicorn's text."""
+    _, url, _ = router
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: 0`+ek\r\nContent-Length: 2\r\n\r\n{}")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer
+    assert b"content-type: application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and "not valid HTTP/1.1" in error["message"], error
