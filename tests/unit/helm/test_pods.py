@@ -57,7 +57,8 @@ def test_workers_get_gpus_shm_and_probes_long_enough_for_a_model_load(rendered):
 
 
 def test_secrets_come_from_a_secret_never_from_a_configmap(chart):
-    sentinels = {"token": "tok-3f9a-sentinel", "apiKey": "key-7c1e-sentinel", "hfToken": "hf-55d0-sentinel"}
+    sentinels = {"token": "tok-3f9a-sentinel", "apiKey": "key-7c1e-sentinel", "hfToken": "hf-55d0-sentinel",
+                 "kvSecret": "kv-91b2-sentinel"}
     docs = render(chart, {"secrets": sentinels})
     (secret,) = by_kind(docs, "Secret").values()
     assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == sentinels
@@ -67,8 +68,8 @@ def test_secrets_come_from_a_secret_never_from_a_configmap(chart):
             assert not any(s in text for s in sentinels.values()), f"{doc['kind']}/{doc['metadata']['name']}"
     found = workloads(docs)
     expected = {"bootstrap": {"PDCLUSTER_TOKEN": "token"}, "router": {"PDCLUSTER_API_KEY": "apiKey"},
-                "prefill": {"PDCLUSTER_TOKEN": "token", "HF_TOKEN": "hfToken"},
-                "decode": {"PDCLUSTER_TOKEN": "token", "HF_TOKEN": "hfToken"}}
+                "prefill": {"PDCLUSTER_TOKEN": "token", "HF_TOKEN": "hfToken", "PDCLUSTER_KV_SECRET": "kvSecret"},
+                "decode": {"PDCLUSTER_TOKEN": "token", "HF_TOKEN": "hfToken", "PDCLUSTER_KV_SECRET": "kvSecret"}}
     for component, variables in expected.items():
         env = env_of(container(found[component]))
         for variable, key in variables.items():
