@@ -20,7 +20,7 @@ import pytest
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
 from pdcluster.models import DEMO_ARGS
 from tests.e2e.reference import ReferenceModel
-from tests.helpers import CLUSTER_POLL, start_cluster, until
+from tests.helpers import CLUSTER_POLL, start_cluster, until, worker_url
 
 # The cluster's relative paths are relative to the working directory: the tests run from the checkout's root.
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +53,49 @@ def cluster(demo_model, tmp_path_factory) -> LocalCluster:
     local.supervise()
     yield local
     local.stop()
+
+
+WORKERS = ("prefill-0", "prefill-1", "decode-0", "decode-1")
+# Modules that may leave the shared cluster hurt: they run last (tests/conftest.py), nothing runs on it after them.
+LEFT_HURT = {"test_worker_failure"}
+
+
+def _work_held(cluster) -> dict[str, tuple[int, int, int]]:
+    """Per worker: (requests running, requests waiting, KV tokens in use), asked of SGLang's scheduler."""
+    held = {}
+    for name in WORKERS:
+        loads = httpx.get(f"{worker_url(cluster, name)}/v1/loads", params={"include": "core"}, timeout=10).json()
+        held[name] = tuple(sum(load[key] for load in loads["loads"])
+                           for key in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens"))
+    return held
+
+
+@pytest.fixture(scope="session")
+def idle_cluster(cluster) -> dict[str, tuple[int, int, int]]:
+    """What the workers hold at rest, taken once the cluster first serves: the baseline each module must leave."""
+    return _work_held(cluster)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def left_clean(request, cluster, idle_cluster):
+    """The modules share one cluster: each must leave it as it found it, so that none inherits another's requests,
+    KV or ejected workers. After a module: every worker listed and served by the router (healthy, admitted, not
+    draining), no request running or waiting on any worker, and KV usage back at the baseline (a leaked request
+    holds its KV). Waits a little for what a module's last request frees as it ends."""
+    yield
+    if request.module.__name__.rsplit(".", 1)[-1] in LEFT_HURT:
+        return
+    module = request.module.__name__
+
+    def clean() -> bool:
+        workers = httpx.get(f"{cluster.router_url}/ready", timeout=10).json()["workers"]
+        return len(workers) == len(WORKERS) and not any(w["unusable"] for w in workers) and \
+            _work_held(cluster) == idle_cluster
+
+    if not until(clean, 60, CLUSTER_POLL):
+        workers = httpx.get(f"{cluster.router_url}/ready", timeout=10).json()["workers"]
+        pytest.fail(f"{module} left the shared cluster unclean: (running, waiting, KV tokens) per worker "
+                    f"{_work_held(cluster)}, at rest {idle_cluster}; router's workers {workers}")
 
 
 @pytest.fixture(scope="session")

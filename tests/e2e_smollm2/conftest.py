@@ -10,8 +10,6 @@ forward must stay well within the router's stall_timeout on 2 busy cores.
 
 from __future__ import annotations
 
-import signal
-import time
 from pathlib import Path
 
 import httpx
@@ -81,17 +79,3 @@ def healthy_workers(router: httpx.Client) -> set[str]:
         return {w["worker_id"] for w in router.get("/ready", timeout=5).json()["workers"] if not w["unusable"]}
     except (httpx.HTTPError, ValueError, KeyError):
         return set()
-
-
-def restart_prefill(cluster: LocalCluster, router: httpx.Client) -> float:
-    """SIGTERM the prefill (its launcher deregisters it; SGLang's memory is gone), start it again, and wait until the
-    router pairs it again. Returns the seconds it took."""
-    process, worker_id = cluster.processes["prefill-0"], f"prefill-127.0.0.1-{PREFILL_PORT}"
-    started = time.monotonic()
-    process.signal(signal.SIGTERM)
-    process.popen.wait(timeout=120)
-    assert until(lambda: worker_id not in healthy_workers(router), 60), "the router still lists the stopped prefill"
-    process.start()
-    assert until(lambda: worker_id in healthy_workers(router) or not process.running, 600, 0.5), process.tail(40)
-    assert process.running, f"the prefill exited after its restart:\n{process.tail(40)}"
-    return time.monotonic() - started

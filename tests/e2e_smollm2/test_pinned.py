@@ -6,6 +6,9 @@ once held 4 running requests without a token for 4.5 minutes. Here: both workers
 checked (affinity, OMP_NUM_THREADS), then streams decode while a long prompt prefills, and every answer is whole,
 in the tokens of the unpinned run, with no long silence between a stream's tokens. Runs last in its suite (the
 workers stay pinned until the suite's cluster stops): tests/conftest.py.
+
+The restart is also the one a KV store is for: a prompt stored before it is read back from disk after it (the
+prefill's memory is empty), with the same answer. One restart for both checks: each costs a SmolLM2 start.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 import psutil
 
 from tests.e2e_smollm2.conftest import PREFILL_PORT, healthy_workers
-from tests.e2e_smollm2.traffic import long_prompt, stream_story
+from tests.e2e_smollm2.traffic import assert_read_from_the_store, long_prompt, store_a_prompt, stream_story
 from tests.helpers import until
 
 MAX_SILENCE_S = 60.0  # a decode step on one core takes ~0.2 s; a whole 2000-token prefill on the other, ~20 s
@@ -43,14 +46,17 @@ def sglang_tree(launcher_pid: int) -> list[psutil.Process]:
     return psutil.Process(launcher_pid).children(recursive=True)  # the launcher itself stays unpinned
 
 
-def test_pinned_prefill_and_decode_serve_streams_and_a_long_prompt_without_stalling(cluster, router, reference):
+def test_pinned_prefill_and_decode_serve_streams_and_a_long_prompt_without_stalling(cluster, router, reference,
+                                                                                   kv_dir):
     cores = sorted(os.sched_getaffinity(0))
     assert len(cores) >= 2, f"this test pins the prefill and the decode to a core each; only {cores} available"
     body = {"text": "Tell me about the sea.", "sampling_params": {"max_new_tokens": 32, "temperature": 0}}
     unpinned = router.post("/generate", json=body).json()["output_ids"]
+    stored = store_a_prompt(router, reference, kv_dir)
 
     pinned = {"prefill-0": cores[0], "decode-0": cores[1]}
     restart_pinned(cluster, router, pinned)
+    assert_read_from_the_store(router, reference, stored)
     for name, core in pinned.items():
         launcher = psutil.Process(cluster.processes[name].popen.pid)
         tree = sglang_tree(launcher.pid)

@@ -1,22 +1,19 @@
 """SmolLM2-135M-Instruct through the PD cluster, as `make up` serves it: greedy tokens equal to transformers' (plain
-and streamed), a chat answer through the model's own chat template, and a prompt's KV read back from the KV store on
-disk after the prefill restarted. A trained model: the answers are also checked for what a person would read."""
+and streamed), and a chat answer through the model's own chat template. A trained model: the answers are also checked
+for what a person would read. (A prompt's KV read back from the KV store after the workers restart: test_pinned.py,
+whose restart it shares.)"""
 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tests.e2e.prompts import prompt_of_about
 from tests.e2e.reference import assert_matches
-from tests.e2e_smollm2.conftest import restart_prefill
-from tests.helpers import until
 
 MODEL = "smollm2-135m-instruct"
 MAX_NEW = 16
-PAGE = 64  # kv_store's page size: only whole pages are stored
 PROMPTS = {
     "france": "The capital of France is",
     "colors": "The three primary colors are",
@@ -74,29 +71,3 @@ def test_chat_answers_through_the_models_chat_template(router, reference):
     ref = reference.greedy_ids(ids, 32)
     assert response.json()["usage"]["prompt_tokens"] == len(ids)
     assert choice["message"]["content"] == reference.tokenizer.decode(ref.ids, skip_special_tokens=True)
-
-
-def stored_pages(kv_dir) -> int:
-    return sum(1 for f in kv_dir.rglob("*.bin"))
-
-
-def test_a_prompt_is_read_from_the_kv_store_after_the_prefill_restarts(cluster, router, reference, kv_dir):
-    text = "Notes for the next meeting. " + prompt_of_about(reference.tokenizer, 300)  # no other test's first page
-    ref = reference.greedy(text, MAX_NEW)
-    pages = stored_pages(kv_dir)
-    first = router.post("/generate", json=greedy(text))
-    assert first.status_code == 200, first.text
-    assert first.json()["meta_info"]["cached_tokens"] == 0
-    whole = (len(ref.prompt_ids) - 1) // PAGE  # whole pages of the prompt (its last token is always computed)
-    assert until(lambda: stored_pages(kv_dir) >= pages + whole, 60, 0.5), (pages, stored_pages(kv_dir))
-    time.sleep(1)  # a page file is renamed into place once written: let the last one land
-
-    seconds = restart_prefill(cluster, router)
-
-    again = router.post("/generate", json=greedy(text))
-    assert again.status_code == 200, again.text
-    meta = again.json()["meta_info"]
-    storage = int((meta.get("cached_tokens_details") or {}).get("storage") or 0)
-    assert meta["cached_tokens"] >= whole * PAGE and storage >= whole * PAGE, (meta, f"restart took {seconds:.0f} s")
-    assert again.json()["output_ids"] == first.json()["output_ids"]
-    assert_matches(again.json()["output_ids"], ref, reference.eos)

@@ -10,6 +10,7 @@ import time
 import httpx
 
 from tests.e2e.prompts import prompt_of_about
+from tests.e2e.reference import Reference, assert_matches
 
 
 def stream_story(router_url: str, i: int, tokens: int, silences: list[float] | None = None) -> str:
@@ -42,3 +43,43 @@ def long_prompt(router_url: str, tokenizer, tokens: int) -> str:
     if response.status_code != 200 or response.json()["meta_info"]["completion_tokens"] != 4:
         return f"{tokens}-token prompt: {response.status_code} {response.text[:300]}"
     return ""
+
+
+PAGE = 64  # kv_store's page size: only whole pages are stored
+
+
+def stored_pages(kv_dir) -> int:
+    return sum(1 for _ in kv_dir.rglob("*.bin"))
+
+
+def store_a_prompt(router: httpx.Client, reference, kv_dir) -> tuple[dict, Reference, dict]:
+    """A ~300-token prompt answered once, computed whole, and its whole pages written to the KV store: (the request,
+    transformers' reference, the answer)."""
+    text = "Notes for the next meeting. " + prompt_of_about(reference.tokenizer, 300)  # no other test's first page
+    body = {"text": text, "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
+    ref = reference.greedy(text, 16)
+    pages = stored_pages(kv_dir)
+    first = router.post("/generate", json=body)
+    assert first.status_code == 200, first.text
+    assert first.json()["meta_info"]["cached_tokens"] == 0
+    whole = (len(ref.prompt_ids) - 1) // PAGE  # whole pages of the prompt (its last token is always computed)
+    deadline = time.monotonic() + 60
+    while stored_pages(kv_dir) < pages + whole and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert stored_pages(kv_dir) >= pages + whole, (pages, stored_pages(kv_dir))
+    time.sleep(1)  # a page file is renamed into place once written: let the last one land
+    return body, ref, first.json()
+
+
+def assert_read_from_the_store(router: httpx.Client, reference, stored: tuple[dict, Reference, dict]) -> None:
+    """The stored prompt again, after its prefill restarted (its memory empty): its whole pages come from the KV
+    store, and the answer is the first one's, token for token, and transformers'."""
+    body, ref, first = stored
+    again = router.post("/generate", json=body)
+    assert again.status_code == 200, again.text
+    meta = again.json()["meta_info"]
+    whole = (len(ref.prompt_ids) - 1) // PAGE
+    storage = int((meta.get("cached_tokens_details") or {}).get("storage") or 0)
+    assert meta["cached_tokens"] >= whole * PAGE and storage >= whole * PAGE, meta
+    assert again.json()["output_ids"] == first["output_ids"]
+    assert_matches(again.json()["output_ids"], ref, reference.eos)
