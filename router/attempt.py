@@ -193,14 +193,13 @@ class Attempt:
             self.end(AttemptState.CLIENT_GONE)  # the relay was cancelled or closed: a no-op after the above
 
     def _arm_deadlines(self, response: UpstreamResponse) -> None:
-        """total_timeout and first_token_timeout end a stream with a DeadlinePassed (the relay's error event)."""
+        """total_timeout and first_token_timeout end a stream with a DeadlinePassed (the relay's error event), made
+        only when one passes: most streams end before either."""
         loop, config, request = asyncio.get_running_loop(), self.d.config, self.request
-        self.total_timer = loop.call_later(
-            max(0.0, request.deadline - time.monotonic()), response.interrupt,
-            DeadlinePassed(self.decode, f"request took longer than total_timeout ({config.total_timeout}s)"))
-        self.first_token_timer = loop.call_later(
-            config.first_token_timeout, response.interrupt,
-            DeadlinePassed(self.decode, f"no token within first_token_timeout ({config.first_token_timeout}s)"))
+        self.total_timer = loop.call_later(max(0.0, request.deadline - time.monotonic()), lambda: response.interrupt(
+            DeadlinePassed(self.decode, f"request took longer than total_timeout ({config.total_timeout}s)")))
+        self.first_token_timer = loop.call_later(config.first_token_timeout, lambda: response.interrupt(
+            DeadlinePassed(self.decode, f"no token within first_token_timeout ({config.first_token_timeout}s)")))
 
     def end(self, ending: AttemptState = AttemptState.CLIENT_GONE, failure: HalfFailed | None = None) -> None:
         """Give back everything the attempt holds, and record its `outcome`. `failure`: the half that failed (its
