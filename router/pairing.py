@@ -6,7 +6,7 @@ filter -> scorer -> picker: filters narrow each role's candidates, then the role
 
 "available": usable (Worker.unusable: registry, probes, liveness, breaker), and not tried already by this request,
 unless every available worker of the role has been (then tried ones may serve again).
-"Holds the prompt": its KV pool can pre-allocate it (router/kv_fit.py; else PromptTooLong).
+"Holds the prompt": its KV pool can pre-allocate it (why and how: router/kv_fit.py; else PromptTooLong).
 "Compatible": same model identity (model, page size, KV dtype, transfer backend; static workers match anything).
 The policies, chosen by name in the router config, are the pickers: each picks one worker among the candidates the
 filters left (never an empty list, never to be mutated). `Policy` is the interface with its hooks; REGISTRY names
@@ -27,7 +27,6 @@ import orjson
 from pdcluster.http import ApiError
 from pdcluster.protocol import Role
 from router.inventory.rules import PairLimit
-from router.kv_fit import holding
 from router.request import Checked, PdRequest
 from router.workers import Worker, WorkerPool
 
@@ -44,6 +43,28 @@ def pairable(decodes: list[Worker], prefills: list[Worker]) -> list[Worker]:
 
 def compatible_with(decode: Worker, prefills: list[Worker]) -> list[Worker]:
     return [p for p in prefills if p.compatible_with(decode)]
+
+
+class PromptTooLong(Exception):
+    """No candidate decode surely holds the prompt: count it exactly (on `decode`), or refuse it."""
+
+    def __init__(self, decodes: list[Worker]):
+        super().__init__("no decode holds the prompt")
+        self.decode = max(decodes, key=lambda d: d.prompt_budget or 0)
+        self.budget = self.decode.prompt_budget or 0
+
+    def refusal(self, checked: Checked) -> ApiError:
+        return ApiError(400, f"{checked.prompt_field} is {checked.longest_prompt} tokens long; the decode workers' KV "
+                             f"cache can take prompts of at most {self.budget} tokens (their pools are smaller than "
+                             f"the model's context length)", checked.prompt_field)
+
+
+def holding(decodes: list[Worker], checked: Checked) -> list[Worker]:
+    """The decodes that surely hold the prompt; raises PromptTooLong if none does."""
+    fit = [d for d in decodes if d.prompt_budget is None or checked.longest_prompt <= d.prompt_budget]
+    if not fit and decodes:
+        raise PromptTooLong(decodes)
+    return fit
 
 
 class Pairing:

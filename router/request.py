@@ -43,7 +43,8 @@ class Checked:
     prompt_exact: bool = False
     prompt_field: str = "text"
     # (param, text) of each text prompt made only of characters a tokenizer may drop: counted by the pair's tokenizer
-    # before dispatch (router/kv_fit.py, count_texts), and a 0-token one refused. Empty for every ordinary request.
+    # before dispatch (router/kv_fit.py's refuse_empty_texts); a 0-token one is refused. Empty for
+    # every ordinary request.
     may_vanish: tuple[tuple[str, str], ...] = ()
 
     @property
