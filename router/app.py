@@ -22,8 +22,7 @@ from router.discovery import FIRST_LISTING_WAIT, follow_registry
 from router.edge import Edge
 from router.health import probe_forever
 from router.metrics import RouterMetrics
-from router.pairing import Pairing
-from router.policies import make_policy
+from router.pairing import Pairing, make_policy
 from router.service import PdService
 from router.upstream import UpstreamClient
 from router.workers import CircuitBreaker, Worker, WorkerPool

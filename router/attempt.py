@@ -13,7 +13,7 @@ that may end an attempt just calls it.
 from __future__ import annotations
 
 import asyncio
-import json  # on the rare paths (logprob merge, error events), as logprobs.py: it accepts NaN/Infinity, orjson not
+import json  # for the error event only (a rare path)
 import logging
 import time
 from collections.abc import AsyncGenerator, Iterable
@@ -124,8 +124,7 @@ class Attempt:
                 return StreamAnswer(response.status, self._relay(response, prefill_half), headers, self.end)
             payload = await response.read()
             if request.merge_logprobs:
-                merged = logprobs.merge(json.loads(payload), logprobs.prefill_answer(await prefill_half.answer()))
-                payload = orjson.dumps(merged)
+                payload = logprobs.merge_answer(payload, await prefill_half.answer())
         except HALF_ERRORS as exc:
             failure = failures.as_failure(self.decode, exc)
             self.end(AttemptState.FAILED_BEFORE_FIRST_BYTE, failure)
@@ -173,8 +172,7 @@ class Attempt:
                         self.first_token_timer.cancel()
                     metrics.ttft.labels(request.route).observe(time.monotonic() - request.attempt_started)
                     if request.merge_logprobs:
-                        chunk = logprobs.merge_first_event(chunk, logprobs.prefill_answer(
-                            await prefill_half.answer()))
+                        chunk = logprobs.merge_first_event(chunk, logprobs.prefill_answer(await prefill_half.answer()))
                     first = False
                 if b"cached_tokens" in chunk:
                     last = chunk
@@ -195,14 +193,13 @@ class Attempt:
             self.end(AttemptState.CLIENT_GONE)  # the relay was cancelled or closed: a no-op after the above
 
     def _arm_deadlines(self, response: UpstreamResponse) -> None:
-        """total_timeout and first_token_timeout end a stream with a DeadlinePassed (the relay's error event)."""
+        """total_timeout and first_token_timeout end a stream with a DeadlinePassed (the relay's error event), made
+        only when one passes: most streams end before either."""
         loop, config, request = asyncio.get_running_loop(), self.d.config, self.request
-        self.total_timer = loop.call_later(
-            max(0.0, request.deadline - time.monotonic()), response.interrupt,
-            DeadlinePassed(self.decode, f"request took longer than total_timeout ({config.total_timeout}s)"))
-        self.first_token_timer = loop.call_later(
-            config.first_token_timeout, response.interrupt,
-            DeadlinePassed(self.decode, f"no token within first_token_timeout ({config.first_token_timeout}s)"))
+        self.total_timer = loop.call_later(max(0.0, request.deadline - time.monotonic()), lambda: response.interrupt(
+            DeadlinePassed(self.decode, f"request took longer than total_timeout ({config.total_timeout}s)")))
+        self.first_token_timer = loop.call_later(config.first_token_timeout, lambda: response.interrupt(
+            DeadlinePassed(self.decode, f"no token within first_token_timeout ({config.first_token_timeout}s)")))
 
     def end(self, ending: AttemptState = AttemptState.CLIENT_GONE, failure: HalfFailed | None = None) -> None:
         """Give back everything the attempt holds, and record its `outcome`. `failure`: the half that failed (its

@@ -18,8 +18,18 @@ from pydantic import (
 
 from pdcluster.config_file import secret_or_env
 from pdcluster.protocol import Role
-from router.policies import known_policy
 from router.workers import Worker
+
+# The load-balancing policies, one class each in router/pairing.py's REGISTRY (tests/unit/test_policies.py checks that
+# both name the same): named here, so that the config does not import the request path.
+POLICIES = ("round_robin", "random", "power_of_two", "prefix")
+
+
+def known_policy(name: str) -> str:
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+    return name
+
 
 PolicyName = Annotated[str, AfterValidator(known_policy)]
 

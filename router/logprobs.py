@@ -1,18 +1,16 @@
 """`return_logprob` under PD: the prefill computed the prompt's logprobs, the decode the output's. The client gets
-the decode's answer with the prefill's input logprobs put in front, as SGLang's own router does."""
+the decode's answer with the prefill's input logprobs put in front, as SGLang's own router does. Only a request that
+asked for them (router/request.py's `wants_logprobs`) comes here."""
 
 from __future__ import annotations
 
-import json
+import json  # to read answers: logprobs may be NaN or -Infinity, which json accepts and orjson not
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
+
 INPUT_FIELDS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
-
-
-def wants_logprobs(body: dict[str, Any]) -> bool:
-    flag = body.get("return_logprob")
-    return any(flag) if isinstance(flag, list) else bool(flag)
 
 
 def _merge_one(decode: dict[str, Any], prefill: dict[str, Any]) -> None:
@@ -32,6 +30,11 @@ def merge(decode: Any, prefill: Any) -> Any:
     elif isinstance(decode, dict) and isinstance(prefill, dict):
         _merge_one(decode, prefill)
     return decode
+
+
+def merge_answer(decode: bytes, prefill: bytes) -> bytes:
+    """A whole decode answer with the prefill's input logprobs merged in (JSON in, as the decode sent it)."""
+    return orjson.dumps(merge(json.loads(decode), prefill_answer(prefill)))
 
 
 def prefill_answer(payload: bytes) -> Any:

@@ -6,12 +6,20 @@ filter -> scorer -> picker: filters narrow each role's candidates, then the role
 
 "available": usable (Worker.unusable: registry, probes, liveness, breaker), and not tried already by this request,
 unless every available worker of the role has been (then tried ones may serve again).
-"Holds the prompt": its KV pool can pre-allocate it (router/kv_fit.py; else PromptTooLong).
+"Holds the prompt": its KV pool can pre-allocate it (why and how: router/kv_fit.py; else PromptTooLong).
 "Compatible": same model identity (model, page size, KV dtype, transfer backend; static workers match anything).
+The policies, chosen by name in the router config, are the pickers: each picks one worker among the candidates the
+filters left (never an empty list, never to be mutated). `Policy` is the interface with its hooks; REGISTRY names
+every policy. Then the pair's limits: the request's token ids and lengths against what both halves can take.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -19,8 +27,6 @@ import orjson
 from pdcluster.http import ApiError
 from pdcluster.protocol import Role
 from router.inventory.rules import PairLimit
-from router.kv_fit import holding
-from router.policies import Policy
 from router.request import Checked, PdRequest
 from router.workers import Worker, WorkerPool
 
@@ -37,6 +43,28 @@ def pairable(decodes: list[Worker], prefills: list[Worker]) -> list[Worker]:
 
 def compatible_with(decode: Worker, prefills: list[Worker]) -> list[Worker]:
     return [p for p in prefills if p.compatible_with(decode)]
+
+
+class PromptTooLong(Exception):
+    """No candidate decode surely holds the prompt: count it exactly (on `decode`), or refuse it."""
+
+    def __init__(self, decodes: list[Worker]):
+        super().__init__("no decode holds the prompt")
+        self.decode = max(decodes, key=lambda d: d.prompt_budget or 0)
+        self.budget = self.decode.prompt_budget or 0
+
+    def refusal(self, checked: Checked) -> ApiError:
+        return ApiError(400, f"{checked.prompt_field} is {checked.longest_prompt} tokens long; the decode workers' KV "
+                             f"cache can take prompts of at most {self.budget} tokens (their pools are smaller than "
+                             f"the model's context length)", checked.prompt_field)
+
+
+def holding(decodes: list[Worker], checked: Checked) -> list[Worker]:
+    """The decodes that surely hold the prompt; raises PromptTooLong if none does."""
+    fit = [d for d in decodes if d.prompt_budget is None or checked.longest_prompt <= d.prompt_budget]
+    if not fit and decodes:
+        raise PromptTooLong(decodes)
+    return fit
 
 
 class Pairing:
@@ -66,6 +94,124 @@ class Pairing:
 def _prompt(policy: Policy, request: PdRequest) -> str:
     return request.hint if policy.needs_prompt else ""
 
+
+# --- the policies ----------------------------------------------------------------------------------------------------
+
+class Policy:
+    name: str = ""
+    # Whether choose() reads the prompt. If not, it gets "" and the prompt is never made into text for it.
+    needs_prompt: bool = False
+
+    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
+        """`candidates` is never empty; the policy must not mutate it. `prompt`: at most HINT_CHARS of the prompt
+        as text, if the policy `needs_prompt`."""
+        raise NotImplementedError
+
+    def worker_removed(self, worker_id: str) -> None:
+        """The worker left the pool for good: forget what is kept about it."""
+
+
+class RoundRobin(Policy):
+    """Each candidate in turn. The counter is global, so with a changing candidate set the turn still rotates."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
+        return candidates[next(self._counter) % len(candidates)]
+
+
+class RandomChoice(Policy):
+    name = "random"
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = random.Random(seed)
+
+    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
+        return self._rng.choice(candidates)
+
+
+class PowerOfTwo(Policy):
+    """Sample two candidates, take the one with fewer in-flight requests: near-least-loaded without a global scan."""
+
+    name = "power_of_two"
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = random.Random(seed)
+
+    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
+        if len(candidates) == 1:
+            return candidates[0]
+        first, second = self._rng.sample(list(candidates), 2)
+        return first if first.in_flight <= second.in_flight else second
+
+
+class PrefixAffinity(Policy):
+    """Requests sharing a prompt prefix go to the worker that served it, so SGLang's radix cache hits.
+
+    The prompt is cut into blocks; each block's key hashes the whole prefix up to it (like SGLang's page keys), and a
+    bounded LRU map remembers which worker last served each key. The longest remembered prefix wins, unless that
+    worker has `max_imbalance` more requests in flight than the least loaded one: then load wins.
+    """
+
+    name = "prefix"
+    needs_prompt = True
+
+    def __init__(self, block_chars: int = 64, min_blocks: int = 2, max_imbalance: int = 4, capacity: int = 200_000):
+        self.block_chars, self.min_blocks, self.max_imbalance, self.capacity = (
+            block_chars, min_blocks, max_imbalance, capacity)
+        self._owner: OrderedDict[bytes, str] = OrderedDict()
+        self._rng = random.Random()
+
+    def _keys(self, prompt: str) -> list[bytes]:
+        keys, digest = [], hashlib.blake2b(digest_size=16)
+        data = prompt.encode()
+        for start in range(0, len(data) - self.block_chars + 1, self.block_chars):
+            digest.update(data[start:start + self.block_chars])
+            keys.append(digest.copy().digest())
+        return keys
+
+    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
+        keys = self._keys(prompt)
+        by_id = {w.worker_id: w for w in candidates}
+        lowest = min(w.in_flight for w in candidates)
+        least = self._rng.choice([w for w in candidates if w.in_flight == lowest])  # spread new prefixes
+        chosen = least
+        for depth in range(len(keys), self.min_blocks - 1, -1):
+            owner = by_id.get(self._owner.get(keys[depth - 1], ""))
+            if owner is not None:
+                if owner.in_flight - least.in_flight < self.max_imbalance:
+                    chosen = owner
+                break
+        for key in keys:
+            self._owner[key] = chosen.worker_id
+            self._owner.move_to_end(key)
+        while len(self._owner) > self.capacity:
+            self._owner.popitem(last=False)
+        return chosen
+
+    def worker_removed(self, worker_id: str) -> None:
+        for key in [key for key, owner in self._owner.items() if owner == worker_id]:
+            del self._owner[key]
+
+
+# Every policy by its name in the router config (router/config.py's POLICIES names the same).
+REGISTRY: dict[str, Callable[[], Policy]] = {
+    RoundRobin.name: RoundRobin,
+    RandomChoice.name: RandomChoice,
+    PowerOfTwo.name: PowerOfTwo,
+    PrefixAffinity.name: PrefixAffinity,
+}
+
+
+def make_policy(name: str) -> Policy:
+    """A new policy of that name (one the router config accepted: router/config.py's POLICIES)."""
+    return REGISTRY[name]()
+
+
+# --- the pair's limits -----------------------------------------------------------------------------------------------
 
 def pair_limits(prefill: Worker, decode: Worker) -> ModelLimits:
     """What both halves can take (the smaller of what each registered): the prompt's token ids are checked against

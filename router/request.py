@@ -18,7 +18,6 @@ from typing import Any
 import orjson
 
 from router.inventory.rules import PairLimit
-from router.logprobs import wants_logprobs
 from router.workers import Worker
 
 HINT_CHARS = 2048  # how much of a prompt the prefix policy keys on
@@ -44,7 +43,8 @@ class Checked:
     prompt_exact: bool = False
     prompt_field: str = "text"
     # (param, text) of each text prompt made only of characters a tokenizer may drop: counted by the pair's tokenizer
-    # before dispatch (router/kv_fit.py, count_texts), and a 0-token one refused. Empty for every ordinary request.
+    # before dispatch (router/kv_fit.py's refuse_empty_texts); a 0-token one is refused. Empty for
+    # every ordinary request.
     may_vanish: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -59,6 +59,11 @@ class Checked:
         return orjson.dumps(prompt)[:HINT_CHARS].decode(errors="ignore")  # a chat message's content parts
 
 
+def wants_logprobs(body: dict[str, Any]) -> bool:
+    """Whether a native request asked for logprobs (`return_logprob`, one flag or one per batch item): then the
+    prefill's input logprobs are merged into the decode's answer (router/logprobs.py), which no other request needs."""
+    flag = body.get("return_logprob")
+    return any(flag) if isinstance(flag, list) else bool(flag)
 
 
 class PdRequest:
@@ -70,7 +75,7 @@ class PdRequest:
         self.route, self.request_id, self.body, self.checked = route, request_id, body, checked
         self.started = started  # time.monotonic() when the request came in
         self.deadline = started + total_timeout  # by which the whole answer must be over, streamed or not
-        self.merge_logprobs = route == "/generate" and wants_logprobs(body)  # router/logprobs.py
+        self.merge_logprobs = route == "/generate" and wants_logprobs(body)  # by router/logprobs.py
         self.headers = {"x-request-id": request_id, "content-type": "application/json"}  # sent to both halves
         self.attempt = -1  # the current attempt, from 0
         self.tried: set[str] = set()  # workers that failed this request: the next attempt avoids them

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,17 +20,25 @@ from router.attempt import Attempt, Dispatcher
 from router.config import RouterConfig
 from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 from router.failures import HalfFailed
-from router.kv_fit import PromptTooLong, count_prompt, refuse_empty_texts
+from router.kv_fit import count_prompt, refuse_empty_texts
 from router.metrics import RouterMetrics
-from router.pairing import Pairing, check_for_pair, pair_limits
+from router.pairing import Pairing, PromptTooLong, check_for_pair, pair_limits
 from router.request import Checked, PdRequest, new_rid
-from router.validation import CLIENT_ID, check_chat, check_completion, check_generate, client_request_id
+from router.validation import check_chat, check_completion, check_generate
 
 log = logging.getLogger("pdcluster.router")
 
+# A client's request id is echoed back and logged, never sent to SGLang (which aborts by rid prefix).
+CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 # The PD routes, each with the check of its bodies (router/validation.py).
 CHECKS: dict[str, Callable[[dict[str, Any]], Checked]] = {
     "/generate": check_generate, "/v1/completions": check_completion, "/v1/chat/completions": check_chat}
+
+
+def client_request_id(value: str) -> str:
+    if not CLIENT_ID.fullmatch(value):
+        raise ApiError(400, "X-Request-ID must be 1-128 characters of A-Z a-z 0-9 . _ : @ / + = -", "X-Request-ID")
+    return value
 
 
 class PdService:

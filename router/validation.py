@@ -14,6 +14,8 @@ more); their ids are checked per pair, length first.
 from __future__ import annotations
 
 import re
+import sys
+import unicodedata
 from functools import cache
 from typing import Any
 
@@ -25,27 +27,11 @@ from pdcluster.http import ApiError
 from router.inventory.native import GENERATE, SAMPLING
 from router.inventory.openai import CHAT, COMPLETION, MESSAGE
 from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES, Decision, PairLimit, Rule
-from router.kv_fit import chat_bound, may_vanish, text_bound
 from router.request import Checked
 
-# A client's request id is echoed back and logged, never sent to SGLang (which aborts by rid prefix).
-CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
-# Prompt tokens are estimated from characters: about 1 token per 2 characters over-estimates English and code for
-# BPE tokenizers (~4 and ~3 characters a token) and under-estimates CJK (~1), which liveness's margin covers.
-CHARS_PER_TOKEN = 2
-TEMPLATE_TOKENS = 8  # a chat template's tokens around each message
-
-
-def _text_tokens(texts: list[str]) -> int:
-    return sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts)
 LIMITS_DOC = "docs/limits.md"
 REQUIRED = frozenset({"messages", "prompt", "role", "content"})
-
-
-def client_request_id(value: str) -> str:
-    if not CLIENT_ID.fullmatch(value):
-        raise ApiError(400, "X-Request-ID must be 1-128 characters of A-Z a-z 0-9 . _ : @ / + = -", "X-Request-ID")
-    return value
+_TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION}
 
 
 # --- one table applied to one object -------------------------------------------------------------------------------
@@ -56,9 +42,6 @@ def _model(name: str) -> type[BaseModel]:
     fields: dict[str, Any] = {key: (rule.type, ... if key in REQUIRED else None)
                               for key, rule in table.items() if rule.decision is not Decision.REFUSED}
     return create_model(name, __config__=ConfigDict(extra="forbid", strict=True), **fields)
-
-
-_TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION}
 
 
 def _apply(name: str, body: Any, where: str = "") -> BaseModel:
@@ -168,6 +151,70 @@ def _text_batch(value: list, field: str) -> None:
             raise ApiError(400, f"{field}[{i}] is empty: every prompt must have at least one token", f"{field}[{i}]")
 
 
+# --- a text prompt's tokens, without a tokenizer ------------------------------------------------------------------
+#
+# An estimate, for liveness (prompt_tokens): 1 token per 2 characters over-estimates English and code for BPE
+# tokenizers (~4 and ~3 characters a token) and under-estimates CJK (~1), which liveness's margin covers. An upper
+# bound, for the decodes' KV pools (longest_prompt; why: router/kv_fit.py): byte-level BPE and SentencePiece with byte
+# fallback never make more tokens than UTF-8 bytes, plus special tokens and a chat template. And a lower one, below.
+
+CHARS_PER_TOKEN = 2
+TEMPLATE_TOKENS = 8  # a chat template's tokens around each message, in the estimate
+SPECIAL_TOKENS = 8  # BOS/EOS and the like a tokenizer adds around a text
+CHAT_TEMPLATE_TOKENS = 256  # a chat template's own text (some add a default system prompt)
+MESSAGE_TOKENS = 16  # a chat template's tokens around each message, in the bound
+
+
+def _text_tokens(texts: list[str]) -> int:
+    return sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts)
+
+
+def text_bound(texts: list[str]) -> int:
+    """At least the tokens of the longest text."""
+    return max(len(text.encode()) for text in texts) + SPECIAL_TOKENS
+
+
+def chat_bound(texts: list[str], messages: int) -> int:
+    """At least the tokens of the rendered conversation."""
+    return sum(len(text.encode()) for text in texts) + MESSAGE_TOKENS * messages + CHAT_TEMPLATE_TOKENS
+
+
+# Every text has a token, except one made only of characters a tokenizer's normalizer may drop (controls, format
+# characters, unassigned and private-use code points, separators, combining marks), which can be 0 tokens for a
+# tokenizer that adds no BOS: the pair's own tokenizer counts it before dispatch (kv_fit.py's refuse_empty_texts).
+_MAY_VANISH = ("Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp", "Mn", "Me")
+
+
+def may_vanish(text: str) -> bool:
+    rest = text.strip()  # whitespace, in C
+    if not rest:
+        return True
+    if unicodedata.category(rest[0]) not in _MAY_VANISH:  # every ordinary text: decided by its first character
+        return False
+    return _only_vanishing().fullmatch(rest) is not None  # rare: a regex, so that a long one costs C time, not Python's
+
+
+@cache
+def _only_vanishing() -> re.Pattern[str]:
+    """[every code point of _MAY_VANISH]*, built on first need (~0.7 s: it reads the category of every code point)."""
+    ranges: list[str] = []
+    start = None
+    for point in range(sys.maxunicode + 2):
+        vanishes = point <= sys.maxunicode and unicodedata.category(chr(point)) in _MAY_VANISH
+        if vanishes and start is None:
+            start = point
+        elif not vanishes and start is not None:
+            ranges.append(f"\\U{start:08x}-\\U{point - 1:08x}")
+            start = None
+    return re.compile(f"[{''.join(ranges)}]*")
+
+
+def _vanishing(field: str, value: str | list) -> tuple[tuple[str, str], ...]:
+    if isinstance(value, str):
+        return ((field, value),) if may_vanish(value) else ()
+    return tuple((f"{field}[{i}]", text) for i, text in enumerate(value) if may_vanish(text))
+
+
 # --- the three routes ------------------------------------------------------------------------------------------------
 
 def check_generate(body: dict[str, Any]) -> Checked:
@@ -204,12 +251,6 @@ def check_generate(body: dict[str, Any]) -> Checked:
                    _client_rid(body.get("rid"), batch_size), tuple(checks.id_fields), tuple(checks.counts), tokens,
                    longest, bool(prompts), "input_ids" if prompts else "text",
                    _vanishing("text", body["text"]) if not prompts else ())
-
-
-def _vanishing(field: str, value: str | list) -> tuple[tuple[str, str], ...]:
-    if isinstance(value, str):
-        return ((field, value),) if may_vanish(value) else ()
-    return tuple((f"{field}[{i}]", text) for i, text in enumerate(value) if may_vanish(text))
 
 
 def check_completion(body: dict[str, Any]) -> Checked:

@@ -3,6 +3,7 @@
 import json
 
 from router import logprobs
+from router.request import wants_logprobs
 
 
 def test_merge_puts_prefill_input_logprobs_first():
@@ -28,6 +29,6 @@ def test_prefill_stream_answer_is_its_last_event_and_first_decode_event_is_rewri
 
 
 def test_wants_logprobs():
-    assert logprobs.wants_logprobs({"return_logprob": True})
-    assert logprobs.wants_logprobs({"return_logprob": [False, True]})
-    assert not logprobs.wants_logprobs({"text": "a"})
+    assert wants_logprobs({"return_logprob": True})
+    assert wants_logprobs({"return_logprob": [False, True]})
+    assert not wants_logprobs({"text": "a"})

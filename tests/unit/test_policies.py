@@ -4,8 +4,8 @@ import pytest
 
 from pdcluster.http import ApiError
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
-from router.pairing import Pairing
-from router.policies import REGISTRY, make_policy
+from router.config import POLICIES
+from router.pairing import REGISTRY, Pairing, make_policy
 from router.request import Checked, PdRequest
 from router.workers import CircuitBreaker, Worker, WorkerPool
 
@@ -23,6 +23,7 @@ def ids(chosen: list[Worker]) -> list[str]:
 
 def test_registry_names():
     assert sorted(REGISTRY) == ["power_of_two", "prefix", "random", "round_robin"]
+    assert sorted(POLICIES) == sorted(REGISTRY), "the config accepts the names of the policies there are"
 
 
 def test_round_robin_cycles_in_order():
@@ -31,7 +32,7 @@ def test_round_robin_cycles_in_order():
 
 
 def test_random_is_reproducible_with_a_seed_and_uses_every_worker():
-    from router.policies import RandomChoice
+    from router.pairing import RandomChoice
 
     pool = workers(0, 0, 0)
     a, b = RandomChoice(seed=7), RandomChoice(seed=7)

@@ -3,10 +3,10 @@
 import pytest
 
 from pdcluster.http import ApiError
-from router.kv_fit import may_vanish
 from router.pairing import ModelLimits, check_for_pair
 from router.request import HINT_CHARS
-from router.validation import check_chat, check_completion, check_generate, client_request_id
+from router.service import client_request_id
+from router.validation import check_chat, check_completion, check_generate, may_vanish
 
 
 @pytest.mark.parametrize(

@@ -96,9 +96,9 @@ IMPORTS = r"""
 import json, sys
 import pdcluster.local, pdcluster.worker.cli, pdcluster.worker.plan, pdcluster.kvstore.cli
 launcher_imports_roles = sorted(m for m in ("prefill", "decode", "router", "bootstrap") if m in sys.modules)
-import bootstrap.app, decode.plan, prefill.plan, router.app, router.inventory, router.policies
+import bootstrap.app, decode.plan, prefill.plan, router.app, router.inventory, router.pairing
 print(json.dumps({"files": {m.__name__: m.__file__ for m in (pdcluster, bootstrap, decode, prefill, router,
-                                                              router.inventory, router.policies)},
+                                                              router.inventory, router.pairing)},
                   "launcher_imports_roles": launcher_imports_roles}))
 """
 
