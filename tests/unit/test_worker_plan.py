@@ -161,7 +161,7 @@ def test_missing_model_and_busy_port(tmp_path, model_dir):
 def test_cli_reports_errors_on_one_line_with_status_2(tmp_path, model_dir):
     config = write_config(tmp_path, f"model-path: {model_dir}\nmax-totl-tokens: 5\n")
     result = subprocess.run([sys.executable, "decode.py", "--config", config], cwd=REPO, capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=600)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "decode: error: unknown SGLang option --max-totl-tokens (did you mean --max-total-tokens?)"]
@@ -182,7 +182,7 @@ def test_a_plan_reaches_the_lean_launcher_whole(tmp_path, model_dir):
 def test_cli_dry_run_prints_command_and_environment(tmp_path, model_dir):
     config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
     result = subprocess.run([sys.executable, "prefill.py", "--config", config, "--dry-run"], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "SGLANG_USE_CPU_ENGINE=1" in result.stdout and "sglang.launch_server" in result.stdout
     assert "PDCLUSTER_CPU_ATTENTION=1" in result.stdout
@@ -318,7 +318,7 @@ def test_kv_store_refusal_from_the_cli(tmp_path, model_dir):
     config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\nhicache-write-policy: write_back\n"
                                     f"cluster:\n  device: cpu\n  kv_store: {tmp_path / 'kv'}\n")
     result = subprocess.run([sys.executable, "prefill.py", "--config", config], cwd=REPO, capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=600)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stderr.startswith("prefill: error: hicache-write-policy write_back")
 
