@@ -96,6 +96,13 @@ def persistence(name: str) -> str:
     repeats = result["settings"]["repeats"]
     text = source(result, name) + f" {repeats} repeat(s), medians; each hit over its cold TTFT\n\n"
     text += grid(["prompt tokens", "cpu_attention", "cold", *(label for _, label in HITS)], rows)
+    verified = [[row["prompt_tokens"], mode, *(f"{row[f'{s}_verify_s']:.2f} s ({row[f'{s}_verify_share']:.1%})"
+                                               for s in ("storage", "disk"))]
+                for rows in zip(*modes.values(), strict=True) for mode, row in zip(modes, rows, strict=True)
+                if "storage_verify_s" in row and "disk_verify_s" in row]
+    if verified:
+        text += "\n\nChecking the pages' seals (pdcluster/kvstore/page_seal.py), and its share of the hit's TTFT:\n\n"
+        text += grid(["prompt tokens", "cpu_attention", "from disk", "page cache dropped"], verified)
     if "targets" in result:
         targets = [[goal, num(t.get("on"), 3), num(t.get("off"), 3), t.get("target", "-"), _met(t["met"])]
                    for goal, t in result["targets"].items() if "on" in t]
@@ -250,8 +257,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "router": router,
     "router-history": router_history,
     "persistence-llama-small": lambda: persistence("persistence-llama-small.json"),
-    "persistence-smollm2": lambda: persistence("persistence-smollm2.json"),
     "persistence-smollm2-8k": lambda: persistence("persistence-smollm2-8k.json"),
+    "persistence-smollm2-sealed": lambda: persistence("persistence-smollm2-sealed.json"),
     "pd": lambda: pd("pd.json"),
     "pd-verdicts": pd_verdicts,
     "pd-fcfs": lambda: pd("pd-fcfs.json", cells=False),
