@@ -1,14 +1,11 @@
 """Request checks the router makes before any worker sees a request: the inventory (router/inventory/) applied.
 
-Every field of a body must be in its route's table; a refused or unknown field is a 400 that names it and says why.
-Then each value is checked against its type and static limits (pydantic, strict), and what depends on the serving
-pair is collected into the request's `Checked` for router/pairing.py's `check_for_pair`: token ids (prompts, stop
-ids, logit bias, logprob ids) against the pair's vocabulary, token counts and positions against its context length.
-SGLang 0.5.23 crashes its scheduler on many values it does not check (an id out of the vocabulary, a huge top_k, a
-negative logprob position...), and a crashed scheduler fails every request on that worker.
-
-Prompts given as token ids are only shaped here (no per-token work, so a 30 MiB body costs its JSON parse and little
-more); their ids are checked per pair, length first.
+Every field of a body must be in its route's table: a refused or unknown field is a 400 that names it and says why,
+an ignored one is type-checked and left out. Each value is checked against its type and static limits (pydantic,
+strict); what depends on the serving pair is collected into `Checked` for router/pairing.py's `check_for_pair`
+(token ids against its vocabulary, token counts and positions against its context length). SGLang 0.5.23 crashes
+its scheduler on many values it does not check, and a crashed scheduler fails every request on that worker. Prompts
+given as token ids are only shaped here (a 30 MiB body costs its JSON parse); their ids are checked per pair.
 """
 
 from __future__ import annotations
@@ -66,7 +63,7 @@ def _apply(name: str, body: Any, where: str = "") -> BaseModel:
     for key in not_given:
         del body[key]
     try:
-        return _model(name).model_validate(body)
+        model = _model(name).model_validate(body)
     except ValidationError as exc:
         field, message = _deepest_problem(exc)
         rule = table.get(field.split(".")[0])
@@ -74,6 +71,9 @@ def _apply(name: str, body: Any, where: str = "") -> BaseModel:
         if field == "body":
             raise ApiError(400, message if not where else f"{where.rstrip('.')}: {message}", where or None) from None
         raise ApiError(400, f"{where}{field}: {message}{reason}", f"{where}{field}") from None
+    for key in [key for key in body if table[key].decision is Decision.IGNORED]:
+        del body[key]  # accepted, and never sent: SGLang does not know it
+    return model
 
 
 def _deepest_problem(exc: ValidationError) -> tuple[str, str]:

@@ -31,6 +31,7 @@ class Behaviour:
     stall_after_chunks: int | None = None  # send nothing more mid-stream (a stuck scheduler) until aborted
     error_message: str | None = None  # what a failing answer says (SGLang's OpenAI shape), instead of the default
     error_event: str | None = None  # a stream's last event: SGLang's error event with this message
+    answer_fields: dict = field(default_factory=dict)  # more fields of a whole answer (SGLang's `metadata`, ...)
 
 
 @dataclass
@@ -101,7 +102,7 @@ class FakeWorker:
                 return JSONResponse({"error": {"message": f"fake failure {status}"}}, status_code=status)
             if not body.get("stream"):
                 return JSONResponse({"text": "x" * b.chunks, "output_ids": list(range(b.chunks)),
-                                     "meta_info": {"id": body.get("rid")}})
+                                     "meta_info": {"id": body.get("rid")}, **b.answer_fields})
             return StreamingResponse(self._stream(b, body.get("rid")), media_type="text/event-stream")
 
         for path in ("/generate", "/v1/completions", "/v1/chat/completions"):

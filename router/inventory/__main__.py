@@ -24,7 +24,7 @@ chat messages; a body over the router's `max_body_bytes` gets a 413.
 
 
 MARK = {Decision.PASSED: "passed", Decision.BOUNDED: "bounded", Decision.ROUTER: "router's own",
-        Decision.REFUSED: "**refused**"}
+        Decision.IGNORED: "ignored (accepted, not sent)", Decision.REFUSED: "**refused**"}
 
 
 def render(version: str) -> str:

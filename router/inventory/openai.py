@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from router.inventory.native import (
     CACHE_KEY,
@@ -32,6 +32,7 @@ from router.inventory.rules import (
     Text,
     TopLogprobs,
     bounded,
+    ignored,
     passed,
     refused,
     router,
@@ -60,6 +61,12 @@ class JsonSchemaFormat(_Strict):
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
+
+
+# OpenAI's metadata: at most 16 pairs, keys of 64 characters, values of 512.
+Metadata = Annotated[dict[Annotated[StrictStr, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
+                     Field(max_length=16)]
+OPENAI_SERVICE = "OpenAI's own service; nothing here acts on it"
 
 
 class ResponseFormat(_Strict):
@@ -153,6 +160,15 @@ CHAT: dict[str, Rule] = {
     "tools": refused(TOOLS),
     "tool_choice": refused(TOOLS, default='auto'),
     "parallel_tool_calls": refused(TOOLS, default=True),
+    # Fields today's OpenAI clients send that SGLang does not know: accepted, and never sent on.
+    "store": ignored(OPENAI_SERVICE + " (nothing is stored)", Flag | None),
+    "metadata": ignored(OPENAI_SERVICE + " (tags for OpenAI's stored completions)", Metadata | None),
+    "service_tier": ignored(OPENAI_SERVICE + " (one tier)",
+                            Literal["auto", "default", "flex", "scale", "priority"] | None),
+    "prompt_cache_key": ignored("OpenAI's hint for its cache; the router's policy decides, and a client's key never"
+                                " steers another client's request", Name | None),
+    "safety_identifier": ignored(OPENAI_SERVICE + " (an end-user id for its abuse checks)", Name | None),
+    "verbosity": ignored("a setting of OpenAI's reasoning models", Literal["low", "medium", "high"] | None),
     "chat_template_kwargs": refused(TEMPLATE),
     "reasoning_effort": refused(REASONING + "; it reaches the chat template"),
     "thinking": refused(REASONING + "; it reaches the chat template"),

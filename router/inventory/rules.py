@@ -19,6 +19,7 @@ class Decision(StrEnum):
     PASSED = "passed"  # sent as given, once its type is checked: the fuzzer shows a worker survives any such value
     BOUNDED = "bounded"  # sent only within limits: static ones here, the pair's vocabulary or context length
     ROUTER = "router"  # the router's own value is sent instead of the client's (see each reason)
+    IGNORED = "ignored"  # OpenAI's, not SGLang's: accepted (its type checked) and never sent; the reason says why
     REFUSED = "refused"  # a 400 naming the field and the reason
 
 
@@ -65,6 +66,10 @@ def refused(reason: str, default: bool | int | str | None = None) -> Rule:
 
 def router(reason: str, type_: Any) -> Rule:
     return Rule(Decision.ROUTER, reason, type_)
+
+
+def ignored(reason: str, type_: Any) -> Rule:
+    return Rule(Decision.IGNORED, reason, type_)
 
 
 # Static limits. The pair's own limits (vocabulary, context length) come from its registration.

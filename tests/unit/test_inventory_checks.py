@@ -73,7 +73,7 @@ def test_refused_fields_inside_sampling_params_and_messages():
     (check_generate, {"text": "a", "sampling_params": {"max_tokens": 5}}, "sampling_params.max_tokens"),
     (check_generate, {"text": ["a", "b"], "sampling_params": [{}, {"x": 1}]}, "sampling_params[1].x"),
     (check_completion, {"prompt": "a", "metadata": {}}, "metadata"),
-    (check_chat, {**CHAT_BASE, "store": True}, "store"),
+    (check_chat, {**CHAT_BASE, "web_search_options": {}}, "web_search_options"),
 ])
 def test_a_field_no_table_knows_is_refused(check, body, param):
     error = refusal(check, body)

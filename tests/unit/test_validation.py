@@ -176,3 +176,19 @@ def test_a_long_text_of_format_characters_costs_c_time():
     started = time.process_time()
     assert may_vanish("\u200b" * (16 * 2**20 // 3))
     assert time.process_time() - started < 1.0
+
+
+def test_openai_fields_sglang_does_not_know_are_accepted_and_never_sent():
+    """What today's OpenAI clients send (the official client's `store`, `metadata`, `service_tier`; LangChain's and the
+    Agents SDK's `prompt_cache_key`, `safety_identifier`, `verbosity`): type-checked, then left out of the body the
+    workers get."""
+    sent = {"store": False, "metadata": {"team": "a"}, "service_tier": "auto", "prompt_cache_key": "k",
+            "safety_identifier": "u1", "verbosity": "low"}
+    body = {"messages": [{"role": "user", "content": "hi"}], **sent}
+    check_chat(body)
+    assert body == {"messages": [{"role": "user", "content": "hi"}]}
+    for field, bad in (("store", "yes"), ("metadata", {"k": 1}), ("service_tier", "fastest"), ("verbosity", 3),
+                       ("metadata", {f"k{i}": "v" for i in range(17)})):
+        with pytest.raises(ApiError) as refused:
+            check_chat({"messages": [{"role": "user", "content": "hi"}], field: bad})
+        assert refused.value.status == 400 and refused.value.param.startswith(field), (field, refused.value.message)
