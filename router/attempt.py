@@ -181,6 +181,8 @@ class Attempt:
                 elif b'"error"' in chunk:  # a worker's error event: its reason in the router's shape, cleaned
                     chunk = failures.clean_error_events(chunk, self.decode)
                 yield chunk
+                if chunk.endswith(b"data: [DONE]\n\n"):  # the last event: whole, even if the client goes now
+                    break
             metrics.count_cached(last, stream=True)
             self.end(AttemptState.DELIVERED)
         except HALF_ERRORS as exc:

@@ -31,6 +31,7 @@ class Behaviour:
     stall_after_chunks: int | None = None  # send nothing more mid-stream (a stuck scheduler) until aborted
     error_message: str | None = None  # what a failing answer says (SGLang's OpenAI shape), instead of the default
     error_event: str | None = None  # a stream's last event: SGLang's error event with this message
+    done_lingers: float = 0.0  # a stream stays open this long after its [DONE] (the worker's close comes later)
     answer_fields: dict = field(default_factory=dict)  # more fields of a whole answer (SGLang's `metadata`, ...)
 
 
@@ -126,6 +127,8 @@ class FakeWorker:
             error = {"object": "error", "message": b.error_event, "type": "BadRequestError", "param": None, "code": 400}
             yield f"data: {json.dumps({'error': error})}\n\n".encode()
         yield b"data: [DONE]\n\n"
+        if b.done_lingers:
+            await asyncio.sleep(b.done_lingers)
 
 
 class ServerThread:

@@ -255,3 +255,21 @@ def test_prefill_failure_on_a_kept_alive_connection_aborts_the_decode_half_too()
     assert response.status_code == 502
     assert "prefill" in response.json()["error"]["message"]
     assert decode.aborted == [decode.received[1]["rid"]]
+
+
+def test_a_stream_the_client_read_to_its_done_is_delivered_and_aborts_nothing():
+    """A client that closes its connection right after `data: [DONE]` (the openai client, guidellm) got the whole
+    answer, even while the decode has not closed its stream yet: nothing is aborted, and it counts as delivered."""
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(chunks=3, done_lingers=2.0))
+    with cluster(prefill, decode) as url:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=30, json={
+                "messages": [{"role": "user", "content": "hi"}], "stream": True}) as response:
+            lines = []
+            for line in response.iter_lines():
+                lines += [line] if line.startswith("data:") else []
+                if line == "data: [DONE]":
+                    break  # and the connection closes, as the client's does
+            assert lines[-1] == "data: [DONE]" and len(lines) == 4, lines
+        time.sleep(2.5)  # past the decode's own close
+        assert prefill.aborted == decode.aborted == []
+        assert metric(url, "pdcluster_router_aborts_sent_total", role="decode") == 0
