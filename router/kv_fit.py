@@ -15,7 +15,7 @@ Only when the bound is over every candidate's budget (PromptTooLong) does a deco
 SGLang's /tokenize), so a cluster whose decodes hold their context never pays for it.
 
 The same bytes bound a text from below: every text has a token, except one made only of characters a normalizer may
-drop (validation's `may_vanish`); only such a text is counted, and refused at 0 tokens (`refuse_empty_texts`).
+drop (request.py's `may_vanish`); only such a text is counted, and refused at 0 tokens (`refuse_empty_texts`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ async def count_prompt(client: UpstreamClient, decode: Worker, request: PdReques
 
 
 async def refuse_empty_texts(client: UpstreamClient, decode: Worker, checked: Checked) -> None:
-    """A 400 naming the first text prompt the pair's tokenizer makes no token of (validation.may_vanish: only texts
+    """A 400 naming the first text prompt the pair's tokenizer makes no token of (request.may_vanish: only texts
     made of characters a normalizer may drop get here): SGLang 0.5.23's scheduler crashes on a 0-token prefill."""
     params, texts = zip(*checked.may_vanish, strict=True)
     counts = await _count(client, decode, {"prompt": list(texts)}, params[0], "it may have no token, and ")

@@ -11,8 +11,12 @@ text for a policy only when one asks for it (`hint`).
 from __future__ import annotations
 
 import random
+import re
+import sys
 import time
+import unicodedata
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import orjson
@@ -21,6 +25,64 @@ from router.inventory.rules import PairLimit
 from router.workers import Worker
 
 HINT_CHARS = 2048  # how much of a prompt the prefix policy keys on
+
+
+# --- a text prompt's tokens, without a tokenizer ------------------------------------------------------------------
+#
+# An estimate, for liveness (prompt_tokens): 1 token per 2 characters over-estimates English and code for BPE
+# tokenizers (~4 and ~3 characters a token) and under-estimates CJK (~1), which liveness's margin covers. An upper
+# bound, for the decodes' KV pools (longest_prompt; why: router/kv_fit.py): byte-level BPE and SentencePiece with byte
+# fallback never make more tokens than UTF-8 bytes, plus special tokens and a chat template. And a lower one, below.
+
+CHARS_PER_TOKEN = 2
+TEMPLATE_TOKENS = 8  # a chat template's tokens around each message, in the estimate
+SPECIAL_TOKENS = 8  # BOS/EOS and the like a tokenizer adds around a text
+CHAT_TEMPLATE_TOKENS = 256  # a chat template's own text (some add a default system prompt)
+MESSAGE_TOKENS = 16  # a chat template's tokens around each message, in the bound
+
+
+def text_tokens(texts: list[str]) -> int:
+    return sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts)
+
+
+def text_bound(texts: list[str]) -> int:
+    """At least the tokens of the longest text."""
+    return max(len(text.encode()) for text in texts) + SPECIAL_TOKENS
+
+
+def chat_bound(texts: list[str], messages: int) -> int:
+    """At least the tokens of the rendered conversation."""
+    return sum(len(text.encode()) for text in texts) + MESSAGE_TOKENS * messages + CHAT_TEMPLATE_TOKENS
+
+
+# Every text has a token, except one made only of characters a tokenizer's normalizer may drop (controls, format
+# characters, unassigned and private-use code points, separators, combining marks), which can be 0 tokens for a
+# tokenizer that adds no BOS: the pair's own tokenizer counts it before dispatch (kv_fit.py's refuse_empty_texts).
+_MAY_VANISH = ("Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp", "Mn", "Me")
+
+
+def may_vanish(text: str) -> bool:
+    rest = text.strip()  # whitespace, in C
+    if not rest:
+        return True
+    if unicodedata.category(rest[0]) not in _MAY_VANISH:  # every ordinary text: decided by its first character
+        return False
+    return _only_vanishing().fullmatch(rest) is not None  # rare: a regex, so that a long one costs C time, not Python's
+
+
+@cache
+def _only_vanishing() -> re.Pattern[str]:
+    """[every code point of _MAY_VANISH]*, built on first need (~0.7 s: it reads the category of every code point)."""
+    ranges: list[str] = []
+    start = None
+    for point in range(sys.maxunicode + 2):
+        vanishes = point <= sys.maxunicode and unicodedata.category(chr(point)) in _MAY_VANISH
+        if vanishes and start is None:
+            start = point
+        elif not vanishes and start is not None:
+            ranges.append(f"\\U{start:08x}-\\U{point - 1:08x}")
+            start = None
+    return re.compile(f"[{''.join(ranges)}]*")
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,6 @@ given as token ids are only shaped here (a 30 MiB body costs its JSON parse); th
 
 from __future__ import annotations
 
-import re
-import sys
-import unicodedata
 from functools import cache
 from typing import Any
 
@@ -24,7 +21,14 @@ from pdcluster.http import ApiError
 from router.inventory.native import GENERATE, SAMPLING
 from router.inventory.openai import CHAT, COMPLETION, MESSAGE
 from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES, Decision, PairLimit, Rule
-from router.request import Checked
+from router.request import (
+    TEMPLATE_TOKENS,
+    Checked,
+    chat_bound,
+    may_vanish,
+    text_bound,
+    text_tokens,
+)
 
 LIMITS_DOC = "docs/limits.md"
 REQUIRED = frozenset({"messages", "prompt", "role", "content"})
@@ -151,64 +155,6 @@ def _text_batch(value: list, field: str) -> None:
             raise ApiError(400, f"{field}[{i}] is empty: every prompt must have at least one token", f"{field}[{i}]")
 
 
-# --- a text prompt's tokens, without a tokenizer ------------------------------------------------------------------
-#
-# An estimate, for liveness (prompt_tokens): 1 token per 2 characters over-estimates English and code for BPE
-# tokenizers (~4 and ~3 characters a token) and under-estimates CJK (~1), which liveness's margin covers. An upper
-# bound, for the decodes' KV pools (longest_prompt; why: router/kv_fit.py): byte-level BPE and SentencePiece with byte
-# fallback never make more tokens than UTF-8 bytes, plus special tokens and a chat template. And a lower one, below.
-
-CHARS_PER_TOKEN = 2
-TEMPLATE_TOKENS = 8  # a chat template's tokens around each message, in the estimate
-SPECIAL_TOKENS = 8  # BOS/EOS and the like a tokenizer adds around a text
-CHAT_TEMPLATE_TOKENS = 256  # a chat template's own text (some add a default system prompt)
-MESSAGE_TOKENS = 16  # a chat template's tokens around each message, in the bound
-
-
-def _text_tokens(texts: list[str]) -> int:
-    return sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts)
-
-
-def text_bound(texts: list[str]) -> int:
-    """At least the tokens of the longest text."""
-    return max(len(text.encode()) for text in texts) + SPECIAL_TOKENS
-
-
-def chat_bound(texts: list[str], messages: int) -> int:
-    """At least the tokens of the rendered conversation."""
-    return sum(len(text.encode()) for text in texts) + MESSAGE_TOKENS * messages + CHAT_TEMPLATE_TOKENS
-
-
-# Every text has a token, except one made only of characters a tokenizer's normalizer may drop (controls, format
-# characters, unassigned and private-use code points, separators, combining marks), which can be 0 tokens for a
-# tokenizer that adds no BOS: the pair's own tokenizer counts it before dispatch (kv_fit.py's refuse_empty_texts).
-_MAY_VANISH = ("Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp", "Mn", "Me")
-
-
-def may_vanish(text: str) -> bool:
-    rest = text.strip()  # whitespace, in C
-    if not rest:
-        return True
-    if unicodedata.category(rest[0]) not in _MAY_VANISH:  # every ordinary text: decided by its first character
-        return False
-    return _only_vanishing().fullmatch(rest) is not None  # rare: a regex, so that a long one costs C time, not Python's
-
-
-@cache
-def _only_vanishing() -> re.Pattern[str]:
-    """[every code point of _MAY_VANISH]*, built on first need (~0.7 s: it reads the category of every code point)."""
-    ranges: list[str] = []
-    start = None
-    for point in range(sys.maxunicode + 2):
-        vanishes = point <= sys.maxunicode and unicodedata.category(chr(point)) in _MAY_VANISH
-        if vanishes and start is None:
-            start = point
-        elif not vanishes and start is not None:
-            ranges.append(f"\\U{start:08x}-\\U{point - 1:08x}")
-            start = None
-    return re.compile(f"[{''.join(ranges)}]*")
-
-
 def _vanishing(field: str, value: str | list) -> tuple[tuple[str, str], ...]:
     if isinstance(value, str):
         return ((field, value),) if may_vanish(value) else ()
@@ -246,7 +192,7 @@ def check_generate(body: dict[str, Any]) -> Checked:
         tokens, longest = sum(map(len, prompts)), max(map(len, prompts))
     else:  # the text was given
         texts = body["text"] if isinstance(body["text"], list) else [body["text"]]
-        tokens, longest = _text_tokens(texts), text_bound(texts)
+        tokens, longest = text_tokens(texts), text_bound(texts)
     return Checked(batch_size, body.get("stream") is True, first, "input_ids" if prompts else None, prompts,
                    _client_rid(body.get("rid"), batch_size), tuple(checks.id_fields), tuple(checks.counts), tokens,
                    longest, bool(prompts), "input_ids" if prompts else "text",
@@ -261,12 +207,12 @@ def check_completion(body: dict[str, Any]) -> Checked:
     prompt, stream, extra = body["prompt"], body.get("stream") is True, (tuple(checks.id_fields), tuple(checks.counts))
     if isinstance(prompt, str):
         return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra,
-                       _text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt",
+                       text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt",
                        may_vanish=_vanishing("prompt", prompt))
     if isinstance(prompt[0], str):  # a batch of texts (a list of ids or of id lists: below)
         _text_batch(prompt, "prompt")
         return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra,
-                       _text_tokens(prompt), text_bound(prompt), prompt_field="prompt",
+                       text_tokens(prompt), text_bound(prompt), prompt_field="prompt",
                        may_vanish=_vanishing("prompt", prompt))
     batch_size, prompts = _id_prompts(prompt, "prompt")
     return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra,
@@ -287,7 +233,7 @@ def check_chat(body: dict[str, Any]) -> Checked:
              for part in (message["content"] if isinstance(message["content"], list) else [message["content"]])]
     return Checked(None, body.get("stream") is True, body["messages"][0].get("content"), client_rid=_client_rid(
         rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
-        prompt_tokens=_text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]),
+        prompt_tokens=text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]),
         longest_prompt=chat_bound(texts, len(body["messages"])), prompt_field="messages")
 
 
