@@ -20,7 +20,7 @@ from pdcluster.config_file import field_path
 from pdcluster.http import ApiError
 from router.inventory.native import GENERATE, SAMPLING
 from router.inventory.openai import CHAT, COMPLETION, MESSAGE
-from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES, Decision, PairLimit, Rule
+from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES, Decision, PairLimit, Rule, no_text_code_point
 from router.request import (
     TEMPLATE_TOKENS,
     Checked,
@@ -240,6 +240,10 @@ def check_chat(body: dict[str, Any]) -> Checked:
 def _grammar_size(response_format: dict | None) -> None:
     """A JSON schema in response_format is a grammar too (compiled on both workers): the same size limit."""
     schema = ((response_format or {}).get("json_schema") or {}).get("schema")
-    if schema is not None and len(orjson.dumps(schema)) > MAX_GRAMMAR_BYTES:
+    text = orjson.dumps(schema).decode() if schema is not None else ""
+    if len(text.encode()) > MAX_GRAMMAR_BYTES:
         raise ApiError(400, f"response_format.json_schema.schema is over {MAX_GRAMMAR_BYTES} bytes",
                        "response_format.json_schema.schema")
+    if (found := no_text_code_point(text)) is not None:  # as in any grammar (router/inventory/rules.py)
+        raise ApiError(400, f"response_format.json_schema.schema: {found} is an unassigned, private-use or surrogate "
+                            "code point, which no token is made of", "response_format.json_schema.schema")

@@ -8,6 +8,7 @@ context length) are named by `pair` and checked once the pair is chosen (router/
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
@@ -110,7 +111,28 @@ TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)]
 LogprobStart = Annotated[StrictInt, Field(ge=-1, le=INT32)]  # -1: output tokens only; < the pair's context length
 StopString = Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)]
-Grammar = Annotated[StrictStr, Field(min_length=1, max_length=MAX_GRAMMAR_BYTES)]
+# Code points no tokenizer's vocabulary is made of text with: unassigned, private use, surrogates. In a grammar
+# (found by the schema fuzzer: a regex with U+7B42D) SGLang's grammar engine came to allow no token at all; greedy
+# then emits token 0 and fails the request, sampling draws from NaN probabilities and kills the worker's scheduler.
+NO_TEXT_CATEGORIES = ("Cn", "Co", "Cs")
+
+
+def no_text_code_point(text: str) -> str | None:
+    """The first code point of `text` in NO_TEXT_CATEGORIES, as U+XXXX; None if there is none."""
+    for char in text:
+        if ord(char) > 0x7F and unicodedata.category(char) in NO_TEXT_CATEGORIES:
+            return f"U+{ord(char):04X}"
+    return None
+
+
+def _text_only(grammar: str) -> str:
+    if (found := no_text_code_point(grammar)) is not None:
+        raise ValueError(f"{found} is an unassigned, private-use or surrogate code point: no token is made of it, "
+                         "and a grammar that allows no token crashes the worker that samples it")
+    return grammar
+
+
+Grammar = Annotated[StrictStr, Field(min_length=1, max_length=MAX_GRAMMAR_BYTES), AfterValidator(_text_only)]
 Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 LogitBias = Annotated[dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,10}$")], Bias],
                       Field(max_length=MAX_IDS_LISTED)]

@@ -192,3 +192,25 @@ def test_openai_fields_sglang_does_not_know_are_accepted_and_never_sent():
         with pytest.raises(ApiError) as refused:
             check_chat({"messages": [{"role": "user", "content": "hi"}], field: bad})
         assert refused.value.status == 400 and refused.value.param.startswith(field), (field, refused.value.message)
+
+
+@pytest.mark.parametrize(("check", "body", "param"), [
+    (check_generate, {"text": "a", "sampling_params": {"regex": "½\U0007b42d"}}, "sampling_params.regex"),
+    (check_generate, {"text": "a", "sampling_params": {"ebnf": 'root ::= "\ue000"'}}, "sampling_params.ebnf"),
+    (check_completion, {"prompt": "a", "regex": "x\U0010fffd"}, "regex"),
+    (check_chat, {"messages": [{"role": "user", "content": "a"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "schema": {"enum": ["\U000f0000"]}}}},
+     "response_format.json_schema.schema"),
+])
+def test_a_grammar_with_code_points_no_token_is_made_of_is_refused(check, body, param):
+    """Found by the schema fuzzer on SmolLM2: a regex with an unassigned code point (U+7B42D) left SGLang's grammar
+    engine allowing no token; the sampled request then killed the decode's scheduler (torch.multinomial on NaN)."""
+    with pytest.raises(ApiError) as refused:
+        check(body)
+    assert refused.value.status == 400 and refused.value.param == param, refused.value.message
+    assert "code point" in refused.value.message
+
+
+def test_a_grammar_in_any_script_is_accepted():
+    for regex in ("½[0-9]+", "(да|нет)", "[\u4e00-\u9fff]{1,4}", "😀+"):
+        check_generate({"text": "a", "sampling_params": {"regex": regex}})
