@@ -142,13 +142,16 @@ class Liveness:
         forward = self.seconds_per_token * max(0, pending_tokens)
         return config.stall_timeout + SAFETY * max(forward, self.busy_gap)
 
-    def verdict(self, now: float, config: RouterConfig, pending_tokens: int = 0) -> str:
+    def verdict(self, now: float, config: RouterConfig, pending_tokens: int = 0, shutting_down: bool = False) -> str:
         """Why the worker is hung, or "" if it is live. `pending_tokens`: the prompt tokens a forward pass in
-        progress may hold (silent_tokens)."""
+        progress may hold (silent_tokens). `shutting_down`: it left the registry with requests of ours still open
+        (its launcher deregisters it on SIGTERM, and SGLang drains): only silence counts then, not a still snapshot
+        with /health waiting, which a draining SGLang shows between its last steps (seen under `docker stop`); its
+        orchestrator's grace period bounds the drain."""
         silent = now - self.last_answer
         if silent > config.liveness_timeout:
             return f"no answer to liveness probes for {silent:.1f}s"
-        if self.waiting_since is not None:
+        if self.waiting_since is not None and not shutting_down:
             stalled = now - max(self.waiting_since, self.last_progress)
             allowed = self.allowance(config, pending_tokens)
             if stalled > allowed:
@@ -232,7 +235,8 @@ class LivenessWatch:
         self.judge(worker, live)  # readmit at once, not at the next tick
 
     def judge(self, worker: Worker, live: Liveness) -> None:
-        reason = live.verdict(self.clock(), self.config, silent_tokens(worker))
+        shutting_down = self.pool.workers.get(worker.worker_id) is not worker
+        reason = live.verdict(self.clock(), self.config, silent_tokens(worker), shutting_down)
         if reason:
             if worker.alive:
                 worker.alive = False

@@ -49,6 +49,20 @@ def test_health_waiting_while_the_snapshot_stands_still_is_a_stalled_scheduler()
     assert live.verdict(9.0, CONFIG) == ""
 
 
+def test_a_worker_shutting_down_is_judged_by_its_silence_only():
+    """A worker that left the registry with our requests open is draining (`docker stop`: its launcher deregisters
+    it, SGLang finishes what it has): a still snapshot with /health waiting is how a drain looks between its last
+    steps, and its stream must not be cut for it (seen in the compose stop test). Silence still counts."""
+    live = Liveness(last_answer=0.0, last_progress=0.0)
+    live.answered(1.0, read_snapshot(snapshot(100.0)))
+    live.health_sent(2.0)
+    for t in range(2, 12):
+        live.answered(float(t), read_snapshot(snapshot(100.0)))
+    assert live.verdict(11.0, CONFIG).startswith("scheduler made no progress")
+    assert live.verdict(11.0, CONFIG, shutting_down=True) == ""
+    assert live.verdict(16.5, CONFIG, shutting_down=True) == "no answer to liveness probes for 5.5s"
+
+
 def test_a_slow_health_with_a_moving_snapshot_and_a_still_snapshot_with_health_answering_are_live():
     busy = Liveness(last_answer=0.0, last_progress=0.0)
     busy.health_sent(0.0)  # a long queue: /health waits its turn, but every batch publishes a snapshot
