@@ -1,4 +1,4 @@
-"""Prepare a worker's KV namespace, then become SGLang (exec: same process, so the launcher's signals reach SGLang).
+"""Prepare a worker's KV namespace, then become SGLang (same process, so the launcher's signals reach SGLang).
 
 `python -m pdcluster.kvstore launch --dir D [--role R] [--orphan-tmp-age S] -- python -m sglang.launch_server ...`
 is the command the worker launcher runs when `kv_store` is set (it is what `--dry-run` prints). Before SGLang starts:
@@ -109,5 +109,26 @@ def main(argv: list[str]) -> int:
         return 2
     print(f"{args.role}: {note}; page-hash extension ready in {seconds:.1f}s", file=sys.stderr, flush=True)
     os.set_inheritable(fd, True)  # SGLang's main process holds the namespace's shared lock until it exits
+    if command[:3] == [sys.executable, "-m", SGLANG_MAIN]:
+        return run_sglang_here([*command[3:], *extra], env)
     os.execvpe(command[0], [*command, *extra], {**os.environ, **env})
     return 0  # not reached
+
+
+SGLANG_MAIN = "sglang.launch_server"
+
+
+def run_sglang_here(sglang_argv: list[str], env: dict[str, str]) -> int:
+    """`python -m sglang.launch_server ...` in this very interpreter: parsing SGLang's options and building the
+    extension above imported torch and half of SGLang, which an exec would import again (~10 s of a busy core per
+    worker start). What runs is the module SGLang's own command line runs, as `__main__`, so its spawned scheduler and
+    detokenizer start as they would under `python -m`."""
+    import runpy
+
+    os.environ.update(env)
+    sys.argv = [SGLANG_MAIN, *sglang_argv]
+    try:
+        runpy.run_module(SGLANG_MAIN, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0

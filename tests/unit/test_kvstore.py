@@ -250,3 +250,25 @@ def test_launch_prepares_the_namespace_then_execs(tmp_path):
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last == f"prefill: error: kv_store: model-path {tmp_path}/missing-model is not a folder"
+
+
+def test_sglang_runs_in_the_launchers_interpreter_as_its_main_module(tmp_path, monkeypatch):
+    """`python -m sglang.launch_server` is run in-process (no second import of torch): as `__main__`, with its
+    arguments, the namespace in its environment, and its exit status returned."""
+    (tmp_path / "fake_sglang_main.py").write_text(
+        "import os, sys\n"
+        "if __name__ == '__main__':\n"
+        "    print(sys.argv[1:], os.environ['SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR'])\n"
+        "    sys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(launch, "SGLANG_MAIN", "fake_sglang_main")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setenv(launch.STORAGE_DIR_ENV, "before")  # restored after the test: the launcher overwrites it
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = launch.run_sglang_here(["--port", "1"], {launch.STORAGE_DIR_ENV: "/kv/ns"})
+    assert code == 3
+    assert out.getvalue().strip() == "['--port', '1'] /kv/ns"
