@@ -14,6 +14,7 @@ values at the pair's own limits (vocabulary and context length, +-1), grammars t
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -108,6 +109,13 @@ def make_cases(operation, mode: GenerationMode, count: int, salt: int) -> list:
     return cases
 
 
+def _as_json(body: Any) -> str:
+    try:
+        return json.dumps(body)[:20000]
+    except (TypeError, ValueError):  # bytes in a negative case
+        return repr(body)[:20000]
+
+
 def problems_of(case, router_url: str, sessions: threading.local) -> str | None:
     case.body = capped(case.path, case.body)
     session = getattr(sessions, "session", None) or requests.Session()
@@ -146,7 +154,7 @@ def test_the_contract_holds_on_real_workers(cluster, router, route):
     def judged(case) -> str | None:
         problem = problems_of(case, cluster.router_url, sessions)
         if problem:
-            print(f"found: {problem[:300]}\n    body: {str(case.body)[:300]}", flush=True)
+            print(f"found: {problem[:300]}\n    body: {_as_json(case.body)}", flush=True)  # whole: to replay it
         return problem
 
     with ThreadPoolExecutor(FUZZ_CLIENTS) as pool:
