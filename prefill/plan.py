@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 from pdcluster.config_file import ConfigError
+from pdcluster.kvstore import wiring
 from pdcluster.protocol import BOOTSTRAP_SERVICE_PORT, Role
 from pdcluster.worker import checks
 from pdcluster.worker.options import SGLangOptions
@@ -42,8 +43,10 @@ def check_options(options: SGLangOptions) -> None:
 def kv_store_flags(kv: KVStoreSettings, device_flags: dict[str, Any]) -> dict[str, Any]:
     # prefetch_threshold: stored pages are fetched from this many matching tokens on (SGLang's default, 256, misses
     # the short next turn of a conversation).
-    return {**KV_STORE_FLAGS, **device_flags,
-            "hicache-storage-backend-extra-config": {"prefetch_threshold": kv.prefetch_threshold}}
+    extra: dict[str, Any] = {"prefetch_threshold": kv.prefetch_threshold}
+    if device_flags.get("hicache-storage-prefetch-policy") == "timeout":
+        extra.update(wiring.PREFETCH_BUDGET)  # how long a request waits for its stored pages
+    return {**KV_STORE_FLAGS, **device_flags, "hicache-storage-backend-extra-config": extra}
 
 
 def stores_kv(ns: argparse.Namespace) -> bool:

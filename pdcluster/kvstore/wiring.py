@@ -21,6 +21,11 @@ SEALED = {"backend_name": "pdcluster_sealed_file", "module_path": "pdcluster.kvs
           "class_name": "SealedFileStorage"}
 EXTRA_CONFIG = "hicache_storage_backend_extra_config"
 
+# The budget of SGLang's `timeout` prefetch policy, which the CPU profile sets on a prefill that reads the store
+# (pdcluster/worker/plan.py, KV_DEVICE_FLAGS): base + per 1024 tokens asked for, in seconds (SGLang's defaults, 1 and
+# 0.25, suit a GPU, where recomputing is cheap).
+PREFETCH_BUDGET = {"prefetch_timeout_base": 2.0, "prefetch_timeout_per_ki_token": 2.0}
+
 
 def extra_config(configured: str | None, secret_file: str | None) -> dict[str, Any]:
     """The extra config SGLang gets: the configured one (a JSON object, or none) with the sealed storage named in it.

@@ -80,7 +80,13 @@ TASKSET = "taskset"  # util-linux: on every Linux host and in the images
 KV_PAGE_SIZE = 64  # 64 tokens per file; the decode must use the prefill's page size anyway
 # CPU: only the direct io backend exists (pdcluster/cpu_hicache adapts it). GPU: SGLang's kernel io backend with the
 # page_first layout its HiCache guide recommends for storage backends (a page is contiguous across layers).
-KV_DEVICE_FLAGS = {True: {"hicache-io-backend": "direct", "hicache-mem-layout": "page_first_direct"},
+# CPU, reading stored pages: SGLang's default prefetch policy (best_effort) lets a request start as soon as it can,
+# with whatever pages have landed, and they land in batches of up to 128 (8192 tokens at page size 64): a long
+# prompt read from a cold disk and checked page by page came too late and was recomputed whole (bench/README.md, KV
+# persistence). On a CPU, recomputing costs ~10 s per 1k tokens (SmolLM2 on 2 cores) and reading them well under
+# one: the request waits for its pages, up to a budget (wiring.PREFETCH_BUDGET) far below recomputing them.
+KV_DEVICE_FLAGS = {True: {"hicache-io-backend": "direct", "hicache-mem-layout": "page_first_direct",
+                          "hicache-storage-prefetch-policy": "timeout"},
                    False: {"hicache-mem-layout": "page_first"}}
 
 

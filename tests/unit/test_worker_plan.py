@@ -212,8 +212,9 @@ def test_kv_store_prefill_cpu(tmp_path, model_dir):
     assert argv_value(cmd, "--hicache-io-backend") == "direct"
     assert argv_value(cmd, "--hicache-mem-layout") == "page_first_direct"
     assert argv_value(cmd, "--page-size") == "64"
-    assert json.loads(argv_value(cmd, "--hicache-storage-backend-extra-config")) == {"prefetch_threshold": 32,
-                                                                                      **wiring.SEALED}
+    assert json.loads(argv_value(cmd, "--hicache-storage-backend-extra-config")) == {
+        "prefetch_threshold": 32, **wiring.PREFETCH_BUDGET, **wiring.SEALED}
+    assert argv_value(cmd, "--hicache-storage-prefetch-policy") == "timeout", "a request waits for its pages"
     assert "--enable-metrics" in cmd, "the sealed storage's counters are on the worker's /metrics"
     assert p.env["PDCLUSTER_CPU_HICACHE"] == "1" and p.env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] == str(1 << 30)
     assert "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR" not in p.env, "the namespace is the launch step's to choose"
@@ -225,6 +226,7 @@ def test_kv_store_prefill_gpu_keeps_sglang_kernels(tmp_path, model_dir):
     cmd = sglang_part(p.command)
     assert "--enable-hierarchical-cache" in cmd and "--hicache-io-backend" not in cmd and "--device" not in cmd
     assert argv_value(cmd, "--hicache-mem-layout") == "page_first"
+    assert "--hicache-storage-prefetch-policy" not in cmd  # SGLang's own, where recomputing is cheap
     assert "PDCLUSTER_CPU_HICACHE" not in p.env_added and "PYTHONPATH" not in p.env_added
     assert p.env_added["SGLANG_HICACHE_FILE_BACKEND_MIN_FREE_SPACE"] == "5000000000"
     assert "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE" not in p.env_added
