@@ -220,3 +220,19 @@ def test_a_static_workers_capabilities_are_its_configs():
                                                         "deterministic_inference": True}])
     assert config.static_workers()[0].capabilities == WorkerCapabilities(tool_call_parser="hermes",
                                                                          deterministic_inference=True)
+
+
+def test_an_openai_clients_replayed_answer_passes():
+    """The official client sends the assistant's message back as it parsed SGLang's answer: content "", the calls with
+    their index, reasoning_content null (openai's model_dump(exclude_unset=True), as it sends a message object)."""
+    from openai._compat import model_dump
+    from openai.types.chat import ChatCompletionMessage
+
+    answered = ChatCompletionMessage.model_validate({"role": "assistant", "content": "", "reasoning_content": None,
+                                                     "tool_calls": [CALL]})
+    body = chat(messages=[{"role": "user", "content": "Weather in Paris?"},
+                          model_dump(answered, exclude_unset=True, mode="json"),
+                          {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "18 C"}]}],
+                tools=[WEATHER], tool_choice="none")
+    check_for_pair(check_chat(body), PARSING_PAIR)
+    assert body["messages"][1] == {"role": "assistant", "tool_calls": [CALL]}
