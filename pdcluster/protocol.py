@@ -37,6 +37,19 @@ class ModelIdentity(_Strict):
     transfer_backend: str = Field(min_length=1)
 
 
+class WorkerCapabilities(_Strict):
+    """What a worker's SGLang was started with that a request may depend on: the router serves such a request only
+    through a pair whose two workers have it (router/pairing.py, `check_for_pair`). Defaults: what a worker that says
+    nothing (an older launcher) runs with."""
+
+    # SGLang's --tool-call-parser and --reasoning-parser, by name (the launcher refuses "auto": SGLang resolves it
+    # only once it runs); None: it runs none.
+    tool_call_parser: str | None = Field(default=None, min_length=1, max_length=64)
+    reasoning_parser: str | None = Field(default=None, min_length=1, max_length=64)
+    # --enable-deterministic-inference: only then does SGLang sample by a request's seed.
+    deterministic_inference: bool = False
+
+
 class WorkerRegistration(_Strict):
     """Sent by a worker's launcher to the bootstrap service once its SGLang server answers."""
 
@@ -59,6 +72,7 @@ class WorkerRegistration(_Strict):
     forward_tokens: int | None = Field(default=None, ge=1)
     # Made by the launcher at each start: routers check a new instance (a restarted worker) before it gets traffic.
     instance_id: str | None = Field(default=None, max_length=64)
+    capabilities: WorkerCapabilities = Field(default_factory=WorkerCapabilities)
 
     @model_validator(mode="after")
     def _prefill_has_bootstrap(self) -> WorkerRegistration:

@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from pdcluster.config_file import secret_or_env
-from pdcluster.protocol import Role
+from pdcluster.protocol import Role, WorkerCapabilities
 from router.workers import Worker
 
 # The load-balancing policies, one class each in router/pairing.py's REGISTRY (tests/unit/test_policies.py checks that
@@ -50,13 +50,19 @@ class StaticWorker(BaseModel):
     # A prefill's largest forward pass in prompt tokens (SGLang's chunked_prefill_size; discovered workers register
     # it): how long its scheduler may be silent (router/liveness.py). Unknown: only this router's prompts count.
     forward_tokens: int | None = Field(default=None, ge=1)
+    # What its SGLang runs with (discovered workers register both): --tool-call-parser's name, for tool calling, and
+    # --enable-deterministic-inference, for seeds. Requests that need them are refused through a pair without them.
+    tool_call_parser: str | None = Field(default=None, min_length=1, max_length=64)
+    deterministic_inference: bool = False
 
     def worker(self, role: Role, index: int) -> Worker:
         url = str(self.url).rstrip("/")
         host = self.kv_bootstrap_host or urlparse(url).hostname
+        capabilities = WorkerCapabilities(tool_call_parser=self.tool_call_parser,
+                                          deterministic_inference=self.deterministic_inference)
         return Worker(f"static-{role.value}-{index}", role, url, host if role is Role.PREFILL else None,
                       self.kv_bootstrap_port, vocab_size=self.vocab_size, context_length=self.context_length,
-                      forward_tokens=self.forward_tokens, static=True)
+                      forward_tokens=self.forward_tokens, static=True, capabilities=capabilities)
 
     @field_validator("url")
     @classmethod

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import orjson
 
 from pdcluster.http import ApiError
-from pdcluster.protocol import Role
+from pdcluster.protocol import Role, WorkerCapabilities
 from router.inventory.rules import PairLimit
 from router.request import Checked, PdRequest
 from router.workers import Worker, WorkerPool
@@ -218,19 +218,25 @@ def pair_limits(prefill: Worker, decode: Worker) -> ModelLimits:
     it (check_for_pair)."""
     vocab = [w.vocab_size for w in (prefill, decode) if w.vocab_size is not None]
     context = [w.context_length for w in (prefill, decode) if w.context_length is not None]
-    return ModelLimits(min(vocab) if vocab else None, min(context) if context else None)
+    return ModelLimits(min(vocab) if vocab else None, min(context) if context else None,
+                       ((f"prefill {prefill.worker_id}", prefill.capabilities),
+                        (f"decode {decode.worker_id}", decode.capabilities)))
 
 
 @dataclass(frozen=True)
 class ModelLimits:
-    """What a pair of workers can take: ids must be < vocab_size, a prompt at most context_length tokens."""
+    """What a pair of workers can take: ids must be < vocab_size, a prompt at most context_length tokens; and what
+    each of the two runs with (named "prefill <id>", "decode <id>"; none known: nothing that needs them passes)."""
 
     vocab_size: int | None
     context_length: int | None
+    capabilities: tuple[tuple[str, WorkerCapabilities], ...] = ()
 
 
 def check_for_pair(checked: Checked, limits: ModelLimits) -> None:
-    """400 naming the field (and the bad id and its position); 503 when token ids cannot be checked."""
+    """400 naming the field (the bad id and its position, or what the pair lacks); 503: ids that cannot be checked."""
+    for field, need in checked.needs:
+        _check_need(field, need, limits.capabilities)
     _check_prompts(checked, limits)
     vocab = limits.vocab_size
     for field, ids in checked.id_fields:
@@ -273,3 +279,21 @@ def _check_prompts(checked: Checked, limits: ModelLimits) -> None:
             position = next(i for i, t in enumerate(ids) if not 0 <= t < limits.vocab_size)
             raise ApiError(400, f"{where}[{position}] is {ids[position]}: token ids must be in "
                                 f"[0, {limits.vocab_size}) for this model", field)
+
+
+def _check_need(field: str, need: PairLimit, workers: tuple[tuple[str, WorkerCapabilities], ...]) -> None:
+    """Both workers run with what `field` needs: the same tool-call parser (each constrains the answer by it, the
+    prefill its first token; the decode reads the calls out of it), or deterministic inference (else seeds are moot)."""
+    if need is PairLimit.TOOL_PARSER:
+        lacking = " and the ".join(name for name, caps in workers if caps.tool_call_parser is None)
+        if lacking or not workers:
+            raise ApiError(400, f"{field}: tool calling needs SGLang's tool-call parser (--tool-call-parser) on both "
+                                f"workers of the pair, and the {lacking or 'pair'} runs none", field)
+        if len({caps.tool_call_parser for _, caps in workers}) > 1:
+            raise ApiError(400, f"{field}: the pair's workers run different tool-call parsers (" + ", ".join(
+                f"{name}: {caps.tool_call_parser}" for name, caps in workers) + "); it needs the same on both", field)
+    elif lacking := " and the ".join(name for name, caps in workers if not caps.deterministic_inference) or (
+            "" if workers else "pair"):
+        raise ApiError(400, f"{field}: this cluster's workers do not run SGLang's deterministic inference "
+                            f"(--enable-deterministic-inference), so a seed could not be honoured (the {lacking} "
+                            f"runs without it)", field)

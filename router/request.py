@@ -108,6 +108,9 @@ class Checked:
     # before dispatch (router/kv_fit.py's refuse_empty_texts); a 0-token one is refused. Empty for
     # every ordinary request.
     may_vanish: tuple[tuple[str, str], ...] = ()
+    # (field, need) of what both workers of the pair must run with (PairLimit.TOOL_PARSER, DETERMINISTIC): the first
+    # field that needs each, named in the 400 of a pair without it.
+    needs: tuple[tuple[str, PairLimit], ...] = ()
 
     @property
     def hint(self) -> str:

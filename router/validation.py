@@ -13,15 +13,16 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from pdcluster.config_file import field_path
 from pdcluster.http import ApiError
+from router.chat_checks import check_tool_use, empty_content_not_given, response_format_schema
 from router.inventory.native import GENERATE, SAMPLING
 from router.inventory.openai import CHAT, COMPLETION, MESSAGE
-from router.inventory.rules import MAX_BATCH, MAX_GRAMMAR_BYTES, Decision, PairLimit, Rule, no_text_code_point
+from router.inventory.rules import MAX_BATCH, Decision, PairLimit, Rule
 from router.request import (
+    CHARS_PER_TOKEN,
     TEMPLATE_TOKENS,
     Checked,
     chat_bound,
@@ -31,7 +32,8 @@ from router.request import (
 )
 
 LIMITS_DOC = "docs/limits.md"
-REQUIRED = frozenset({"messages", "prompt", "role", "content"})
+REQUIRED = frozenset({"messages", "prompt", "role"})  # and a message's content, but in tool calling's (chat_checks.py)
+NEEDS = (PairLimit.TOOL_PARSER, PairLimit.DETERMINISTIC)  # what both workers of the pair must run with
 _TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION}
 
 
@@ -96,6 +98,7 @@ class _PairChecks:
     def __init__(self) -> None:
         self.id_fields: list[tuple[str, list[int]]] = []
         self.counts: list[tuple[str, int, PairLimit]] = []
+        self.needs: dict[PairLimit, str] = {}  # each need, by the first field that has it
 
     def gather(self, table: dict[str, Rule], values: dict[str, Any], where: str = "",
                skip: frozenset[str] = frozenset()) -> None:
@@ -103,11 +106,17 @@ class _PairChecks:
             rule = table[key]
             if rule.pair is None or value is None or key in skip:
                 continue
-            if rule.pair is PairLimit.TOKEN_IDS:
+            if rule.pair in NEEDS:
+                if value != []:  # `tools: []` asks for nothing
+                    self.needs.setdefault(rule.pair, f"{where}{key}")
+            elif rule.pair is PairLimit.TOKEN_IDS:
                 ids = [int(k) for k in value] if isinstance(value, dict) else value
                 self.id_fields.append((f"{where}{key}", ids))
             else:
                 self.counts.append((f"{where}{key}", value, rule.pair))
+
+    def pair_needs(self) -> tuple[tuple[str, PairLimit], ...]:
+        return tuple((field, need) for need, field in self.needs.items())
 
 
 def _batch_of(values: list, field: str, batch_size: int | None) -> None:
@@ -196,54 +205,48 @@ def check_generate(body: dict[str, Any]) -> Checked:
     return Checked(batch_size, body.get("stream") is True, first, "input_ids" if prompts else None, prompts,
                    _client_rid(body.get("rid"), batch_size), tuple(checks.id_fields), tuple(checks.counts), tokens,
                    longest, bool(prompts), "input_ids" if prompts else "text",
-                   _vanishing("text", body["text"]) if not prompts else ())
+                   _vanishing("text", body["text"]) if not prompts else (), checks.pair_needs())
 
 
 def check_completion(body: dict[str, Any]) -> Checked:
     _apply("completion", body)
     checks = _PairChecks()
     checks.gather(COMPLETION, body, skip=frozenset({"prompt"}))
-    _grammar_size(body.get("response_format"))
+    response_format_schema(body.get("response_format"))
     prompt, stream, extra = body["prompt"], body.get("stream") is True, (tuple(checks.id_fields), tuple(checks.counts))
+    needs = checks.pair_needs()
     if isinstance(prompt, str):
         return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra,
                        text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt",
-                       may_vanish=_vanishing("prompt", prompt))
+                       may_vanish=_vanishing("prompt", prompt), needs=needs)
     if isinstance(prompt[0], str):  # a batch of texts (a list of ids or of id lists: below)
         _text_batch(prompt, "prompt")
         return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra,
                        text_tokens(prompt), text_bound(prompt), prompt_field="prompt",
-                       may_vanish=_vanishing("prompt", prompt))
+                       may_vanish=_vanishing("prompt", prompt), needs=needs)
     batch_size, prompts = _id_prompts(prompt, "prompt")
     return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra,
-                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt")
+                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt", needs=needs)
 
 
 def check_chat(body: dict[str, Any]) -> Checked:
     _apply("chat", body)
-    for i, message in enumerate(body["messages"]):
-        _apply("message", message, f"messages[{i}].")
-    _grammar_size(body.get("response_format"))
     checks = _PairChecks()
     checks.gather(CHAT, body)
+    for i, message in enumerate(body["messages"]):
+        empty_content_not_given(message)
+        _apply("message", message, f"messages[{i}].")
+        checks.gather(MESSAGE, message, f"messages[{i}].")
+    response_format_schema(body.get("response_format"))
+    tool_bytes = check_tool_use(body)
     rid = body.get("rid")
     if isinstance(rid, list):
         raise ApiError(400, "rid: a chat request takes one id", "rid")
-    texts = [part["text"] if isinstance(part, dict) else part for message in body["messages"]
+    texts = [part["text"] if isinstance(part, dict) else part for message in body["messages"] if "content" in message
              for part in (message["content"] if isinstance(message["content"], list) else [message["content"]])]
     return Checked(None, body.get("stream") is True, body["messages"][0].get("content"), client_rid=_client_rid(
         rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
-        prompt_tokens=text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]),
-        longest_prompt=chat_bound(texts, len(body["messages"])), prompt_field="messages")
+        prompt_tokens=text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]) + tool_bytes // CHARS_PER_TOKEN,
+        longest_prompt=chat_bound(texts, len(body["messages"])) + tool_bytes, prompt_field="messages",
+        needs=checks.pair_needs())
 
-
-def _grammar_size(response_format: dict | None) -> None:
-    """A JSON schema in response_format is a grammar too (compiled on both workers): the same size limit."""
-    schema = ((response_format or {}).get("json_schema") or {}).get("schema")
-    text = orjson.dumps(schema).decode() if schema is not None else ""
-    if len(text.encode()) > MAX_GRAMMAR_BYTES:
-        raise ApiError(400, f"response_format.json_schema.schema is over {MAX_GRAMMAR_BYTES} bytes",
-                       "response_format.json_schema.schema")
-    if (found := no_text_code_point(text)) is not None:  # as in any grammar (router/inventory/rules.py)
-        raise ApiError(400, f"response_format.json_schema.schema: {found} is an unassigned, private-use or surrogate "
-                            "code point, which no token is made of", "response_format.json_schema.schema")

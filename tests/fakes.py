@@ -67,7 +67,7 @@ class FakeWorker:
             if self.tokenize_status != 200:
                 return JSONResponse({"message": "fake tokenizer failure"}, status_code=self.tokenize_status)
             if "messages" in body:
-                count: int | list[int] = sum(len(m["content"]) // 2 + 4 for m in body["messages"])
+                count: int | list[int] = sum(len(str(m.get("content") or "")) // 2 + 4 for m in body["messages"])
             else:
                 prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
                 count = [len(p) // 2 for p in prompts] if isinstance(body["prompt"], list) else len(prompts[0]) // 2

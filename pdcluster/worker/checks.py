@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pdcluster.config_file import ConfigError
 from pdcluster.kvstore import wiring
+from pdcluster.protocol import WorkerCapabilities
 from pdcluster.worker.settings import ClusterSettings
 
 # Hugging Face hub ids look like "org/name"; anything else is taken as a local path.
@@ -111,3 +112,19 @@ def check_cpus(cluster: ClusterSettings) -> list[int]:
     if shutil.which("taskset") is None:
         raise ConfigError("cluster.cpus needs taskset (util-linux) on the PATH")
     return cores
+
+
+def capabilities(ns: argparse.Namespace, cpu: bool) -> WorkerCapabilities:
+    """What the worker registers that requests may depend on (pdcluster/protocol.py), from SGLang's final options;
+    ConfigError for what SGLang would only decide, or refuse, once it runs."""
+    for option in ("tool_call_parser", "reasoning_parser"):
+        if getattr(ns, option) == "auto":
+            raise ConfigError(f"{option.replace('_', '-')} auto: name the parser (SGLang resolves auto only once it "
+                              f"runs, and the router must know what both workers of a pair parse)")
+    deterministic = bool(ns.enable_deterministic_inference or ns.rl_on_policy_target is not None)
+    if deterministic and cpu:
+        raise ConfigError(f"enable-deterministic-inference: SGLang refuses it with the {ns.attention_backend} "
+                          f"attention backend of the CPU profile (it needs fa3, fa4, flashinfer, triton, ascend or "
+                          f"intel_xpu, none of which runs on a CPU)")
+    return WorkerCapabilities(tool_call_parser=ns.tool_call_parser, reasoning_parser=ns.reasoning_parser,
+                              deterministic_inference=deterministic)

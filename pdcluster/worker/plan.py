@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from pdcluster.config_file import ConfigError, load_yaml, validation_message
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration
+from pdcluster.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration
 from pdcluster.worker import checks, environment
 from pdcluster.worker.options import SGLangOptions, sglang_parser
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
@@ -143,7 +143,7 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     cores = checks.check_cpus(cluster)
     final_env, env_added = environment.sglang_env(cluster, ns, advertise, cores, stored,
                                                   rules.CPU_ENV if cpu else None, env)
-    registration = _registration(role, cluster, ns, advertise, kv_bootstrap_port)
+    registration = _registration(role, cluster, ns, advertise, kv_bootstrap_port, checks.capabilities(ns, cpu))
     return LaunchPlan(role, _command(role, options, stored, cores), final_env, env_added, cluster, registration, cpu)
 
 
@@ -191,7 +191,7 @@ def _check_final(rules: RoleRules, ns: argparse.Namespace, cpu: bool,
 
 
 def _registration(role: Role, cluster: ClusterSettings, ns: argparse.Namespace, advertise: str,
-                  kv_bootstrap_port: int | None) -> WorkerRegistration:
+                  kv_bootstrap_port: int | None, capabilities: WorkerCapabilities) -> WorkerRegistration:
     """What the bootstrap service is told about this worker."""
     return WorkerRegistration(
         worker_id=cluster.worker_id or f"{role.value}-{advertise}-{ns.port}",
@@ -208,6 +208,7 @@ def _registration(role: Role, cluster: ClusterSettings, ns: argparse.Namespace, 
         bootstrap_port=kv_bootstrap_port,
         **_model_limits(ns.model_path, ns.context_length),
         instance_id=uuid.uuid4().hex,
+        capabilities=capabilities,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from router.inventory.native import (
     CACHE_KEY,
@@ -19,6 +19,9 @@ from router.inventory.native import (
 )
 from router.inventory.rules import (
     MAX_MESSAGES,
+    MAX_NAME_CHARS,
+    MAX_TOOL_TEXT,
+    MAX_TOOLS,
     ClientId,
     Count,
     Flag,
@@ -38,7 +41,6 @@ from router.inventory.rules import (
     router,
 )
 
-TOOLS = "tool calling needs a tool-call parser configured on the workers, which this cluster does not set"
 TEMPLATE = "chat-template settings are the operator's: a client's value reached the template engine and failed there"
 
 
@@ -76,14 +78,58 @@ class ResponseFormat(_Strict):
 
 Content = Text | Annotated[list[TextPart], Field(min_length=1)]
 
-# A chat message. Roles that carry tool calls and non-text parts are refused with the fields that need them.
+# Tool calling, as OpenAI's API has it (function tools only). A function's name follows OpenAI's rule; its parameters
+# schema is a grammar once tool_choice is required or named, checked as one (router/chat_tools.py).
+ToolName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+ToolText = Annotated[StrictStr, Field(max_length=MAX_TOOL_TEXT)]
+CallId = Annotated[StrictStr, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+
+
+class ToolFunction(_Strict):
+    name: ToolName
+    description: ToolText | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class FunctionName(_Strict):
+    name: ToolName
+
+
+class NamedTool(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+class CalledFunction(_Strict):
+    name: ToolName
+    arguments: ToolText  # a JSON object, as text
+
+
+class ToolCall(_Strict):
+    id: CallId
+    type: Literal["function"] = "function"
+    function: CalledFunction
+    index: Annotated[StrictInt, Field(ge=0, lt=MAX_TOOLS)] | None = None
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedTool
+
+# A chat message. Non-text parts are refused with the fields that need them.
 MESSAGE: dict[str, Rule] = {
-    "role": bounded("system, user, assistant or developer", Literal["system", "user", "assistant", "developer"]),
-    "content": bounded("text, or a list of text parts", Content),
+    "role": bounded("system, user, assistant, developer or tool",
+                    Literal["system", "user", "assistant", "developer", "tool"]),
+    "content": bounded("text, or a list of text parts (or none beside tool_calls)", Content),
     "name": passed("", Name | None),
-    "tool_calls": refused(TOOLS),
-    "tool_call_id": refused(TOOLS),
-    "tools": refused(TOOLS),
+    "tool_calls": bounded(f"an assistant's: at most {MAX_TOOLS}, arguments a JSON object as text",
+                          Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
+    "tool_call_id": bounded("a tool message's: the call it answers", CallId, PairLimit.TOOL_PARSER),
+    "tools": refused("one model family's: use the request's tools"),
     "reasoning_content": refused(REASONING),
     "phase": refused(REASONING),
     "prefix": refused("continues a message the model wrote: use continue_final_message"),
@@ -113,7 +159,7 @@ COMMON: dict[str, Rule] = {
     "skip_special_tokens": SAMPLING["skip_special_tokens"],
     "regex": SAMPLING["regex"],
     "ebnf": SAMPLING["ebnf"],
-    "seed": bounded("as sampling_seed", Seed | None),
+    "seed": bounded("as sampling_seed", Seed | None, PairLimit.DETERMINISTIC),
     "user": passed("an end-user id, logged by nobody", Name | None),
     "response_format": bounded("text, json_object, or json_schema (a grammar)", ResponseFormat | None),
     "rid": router("the client's id, logged; SGLang gets a fresh id of the router's", ClientId | None),
@@ -157,9 +203,10 @@ CHAT: dict[str, Rule] = {
     "return_output_ids_in_sglext": passed("", Flag),
     "separate_reasoning": passed("only acts with a reasoning parser on the workers", Flag),
     "stream_reasoning": passed("only acts with a reasoning parser on the workers", Flag),
-    "tools": refused(TOOLS),
-    "tool_choice": refused(TOOLS, default='auto'),
-    "parallel_tool_calls": refused(TOOLS, default=True),
+    "tools": bounded(f"at most {MAX_TOOLS} functions; their parameters schemas together are a grammar",
+                     Annotated[list[Tool], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
+    "tool_choice": bounded("none, auto, required or a named function (of tools)", ToolChoice),
+    "parallel_tool_calls": passed("", Flag),
     # Fields today's OpenAI clients send that SGLang does not know: accepted, and never sent on.
     "store": ignored(OPENAI_SERVICE + " (nothing is stored)", Flag | None),
     "metadata": ignored(OPENAI_SERVICE + " (tags for OpenAI's stored completions)", Metadata | None),

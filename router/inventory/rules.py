@@ -28,6 +28,9 @@ class PairLimit(StrEnum):
     TOKEN_IDS = "token ids < the pair's vocabulary size"
     TOKENS = "a token count <= the pair's context length"
     POSITION = "a prompt position < the pair's context length"
+    # What both workers of the pair must run with (their registered capabilities), else a 400 naming it.
+    TOOL_PARSER = "one tool-call parser on both workers of the pair"
+    DETERMINISTIC = "deterministic inference on both workers of the pair"
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,9 @@ MAX_IDS_LISTED = 256  # stop_token_ids, token_ids_logprob, logit_bias entries
 MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 MAX_GRAMMAR_BYTES = 16 * 1024  # regex, EBNF, JSON schema: compiled by the grammar backend on both workers
 MAX_MESSAGES = 1024
-MAX_NAME_CHARS = 256  # model, user, a message's name
+MAX_NAME_CHARS = 256  # model, user, a message's name, a tool call's id
+MAX_TOOLS = 128  # as OpenAI's: tools of a request, calls of an assistant message
+MAX_TOOL_TEXT = 16 * 1024  # a tool's description, a call's arguments (prompt text; their bytes count in its bound)
 MAX_STREAM_INTERVAL = 1024
 MAX_TEMPERATURE = 100.0  # far above any useful value: sampling is uniform long before
 INT32 = 2**31 - 1

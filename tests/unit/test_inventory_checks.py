@@ -132,13 +132,13 @@ def test_a_full_valid_body_of_each_route_passes():
                 "temperature": 0.7, "top_p": 0.9, "top_k": 50, "min_p": 0.05, "frequency_penalty": 0.5,
                 "presence_penalty": -0.5, "repetition_penalty": 1.1, "n": 1, "regex": "[a-z]+", "ignore_eos": False,
                 "skip_special_tokens": True, "spaces_between_special_tokens": True, "no_stop_trim": False,
-                "stream_interval": 2, "logit_bias": {"5": -100, "7": 2.5}, "sampling_seed": 42}
+                "stream_interval": 2, "logit_bias": {"5": -100, "7": 2.5}}
     check_for_pair(check_generate({"text": ["a", "b"], "sampling_params": [sampling, {}], "stream": True,
                                    "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 20,
                                    "token_ids_logprob": [1, 2], "return_text_in_logprobs": True, "no_logs": True,
                                    "rid": ["x", "y"]}), LIMITS)
     check_for_pair(check_completion({"model": "m", "prompt": [[1, 2], [3]], "max_tokens": 8, "logprobs": 5,
-                                     "echo": False, "best_of": 1, "seed": 3, "stop": "x", "user": "u",
+                                     "echo": False, "best_of": 1, "stop": "x", "user": "u",
                                      "stream": True, "stream_options": {"include_usage": True}}), LIMITS)
     check_for_pair(check_chat({**CHAT_BASE, "messages": [
         {"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}],

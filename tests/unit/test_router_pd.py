@@ -233,7 +233,7 @@ def test_metrics_count_exactly_the_requests_sent():
 
 def test_accepted_openai_fields_pass_through_to_both_halves_untouched():
     prefill, decode = FakeWorker(), FakeWorker()
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 7, "stop": ["\n"],
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5, "stop": ["\n"],
             "response_format": {"type": "json_object"}, "max_tokens": 3, "logprobs": True, "top_logprobs": 2}
     with cluster(prefill, decode) as url:
         assert httpx.post(f"{url}/v1/chat/completions", json=body).status_code == 200

@@ -1,0 +1,88 @@
+"""The checks across the fields of a chat request that the inventory's types cannot make alone: its grammars as JSON
+schemas (response_format's, the tools'), and tool calling (its types: router/inventory/openai.py).
+
+A tool's parameters schema is a grammar once tool_choice is required or named: SGLang constrains the answer to calls
+of the tools, by a JSON schema or a structural tag made of their schemas, compiled on both workers (some tool-call
+parsers make one for automatic calls too). So the schemas of all the tools together get one grammar's limits
+(router/inventory/rules.py). The chat template renders the tools and the calls in messages into the prompt: their
+bytes count in the prompt's bound (router/request.py's `chat_bound`), twice over, for templates that indent them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from pdcluster.http import ApiError
+from router.inventory.rules import MAX_GRAMMAR_BYTES, no_text_code_point
+
+TOOLS_PREAMBLE = 512  # bytes of the text a chat template puts around the tools it renders (how to call them)
+
+
+def grammar_schema(schema: Any, field: str) -> None:
+    """A JSON schema that is (part of) a grammar: within MAX_GRAMMAR_BYTES, and no code point no token is made of
+    (a grammar that allows no token crashes the worker that samples it: router/inventory/rules.py)."""
+    try:
+        text = orjson.dumps(schema).decode()
+    except TypeError:  # orjson writes at most 254 levels, and reads up to 1024
+        raise ApiError(400, f"{field} is nested too deeply", field) from None
+    if len(text.encode()) > MAX_GRAMMAR_BYTES:
+        raise ApiError(400, f"{field} is over {MAX_GRAMMAR_BYTES} bytes (a grammar, compiled on both workers)", field)
+    if (found := no_text_code_point(text)) is not None:
+        raise ApiError(400, f"{field}: {found} is an unassigned, private-use or surrogate code point, which no token "
+                            "is made of", field)
+
+
+def response_format_schema(response_format: dict | None) -> None:
+    schema = ((response_format or {}).get("json_schema") or {}).get("schema")
+    if schema is not None:
+        grammar_schema(schema, "response_format.json_schema.schema")
+
+
+def empty_content_not_given(message: Any) -> None:
+    """An assistant message with tool_calls, and a tool message, may have an empty content: OpenAI's clients send the
+    assistant's answer back as it came, `""` beside its calls. SGLang renders a content left out as empty."""
+    if (isinstance(message, dict) and message.get("content") == ""
+            and (message.get("role") == "tool" or message.get("tool_calls"))):
+        del message["content"]
+
+
+def check_tool_use(body: dict[str, Any]) -> int:
+    """400 for tool calling that cannot work; the bytes the tools and the calls may add to the rendered prompt."""
+    tools = body.get("tools") or []
+    choice = body.get("tool_choice")
+    if choice == "required" and not tools:
+        raise ApiError(400, "tool_choice: required needs tools", "tool_choice")
+    if isinstance(choice, dict) and choice["function"]["name"] not in {t["function"]["name"] for t in tools}:
+        raise ApiError(400, f"tool_choice.function.name: {choice['function']['name']} is not a function of tools",
+                       "tool_choice.function.name")
+    added = 0
+    if tools:
+        # One grammar when tool_choice is required: all the schemas, as SGLang puts them in it.
+        grammar_schema([tool["function"].get("parameters") for tool in tools], "tools")
+        added = 2 * len(orjson.dumps(tools)) + TOOLS_PREAMBLE
+    for i, message in enumerate(body["messages"]):
+        added += _message(message, f"messages[{i}].")
+    return added
+
+
+def _message(message: dict[str, Any], where: str) -> int:
+    role, calls = message["role"], message.get("tool_calls")
+    if "content" not in message and not (role == "tool" or (role == "assistant" and calls)):
+        raise ApiError(400, f"{where}content: required (only an assistant's message with tool_calls, or a tool's, "
+                            "may leave it out)", f"{where}content")
+    if calls and role != "assistant":
+        raise ApiError(400, f"{where}tool_calls: only an assistant's message has them", f"{where}tool_calls")
+    if (role == "tool") != ("tool_call_id" in message):
+        raise ApiError(400, f"{where}tool_call_id: a tool message needs one, and only a tool message has one",
+                       f"{where}tool_call_id")
+    for j, call in enumerate(calls or []):
+        try:
+            arguments = orjson.loads(call["function"]["arguments"])
+        except orjson.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            field = f"{where}tool_calls[{j}].function.arguments"
+            raise ApiError(400, f"{field}: must be a JSON object, as text", field)
+    return 2 * len(orjson.dumps(calls)) if calls else 0
