@@ -23,7 +23,7 @@ from enum import Enum
 import orjson
 
 from pdcluster.http import error_body
-from router import failures, logprobs, openai_answer
+from router import failures, logprobs
 from router.config import RouterConfig
 from router.edge import Answer, StreamAnswer
 from router.failures import HALF_ERRORS, TRANSPORT_ERRORS, DeadlinePassed, HalfFailed
@@ -125,8 +125,6 @@ class Attempt:
             payload = await response.read()
             if request.merge_logprobs:
                 payload = logprobs.merge_answer(payload, await prefill_half.answer())
-            elif request.route != "/generate" and b'"metadata"' in payload:
-                payload = openai_answer.typed_metadata(payload)
         except HALF_ERRORS as exc:
             failure = failures.as_failure(self.decode, exc)
             self.end(AttemptState.FAILED_BEFORE_FIRST_BYTE, failure)

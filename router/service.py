@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from pdcluster.http import ApiError, check_bearer, parse_json_object
+from router import openai_answer
 from router.attempt import Attempt, Dispatcher
 from router.config import RouterConfig
 from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
@@ -118,4 +119,4 @@ class PdService:
             if config.expose_worker_ids:
                 answer.headers["x-pdcluster-prefill"] = prefill.worker_id
                 answer.headers["x-pdcluster-decode"] = decode.worker_id
-            return answer
+            return answer if route == "/generate" else openai_answer.shaped(answer, route, request.body)
