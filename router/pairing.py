@@ -5,7 +5,8 @@ filter -> scorer -> picker: filters narrow each role's candidates, then the role
     prefill: available -> compatible with the chosen decode               -> prefill policy
 
 "available": usable (Worker.unusable: registry, probes, liveness, breaker), and not tried already by this request,
-unless every available worker of the role has been (then tried ones may serve again).
+unless every available worker of the role has been (then tried ones may serve again). A later choice of an OpenAI
+request with `n` (router/fanout.py) keeps to the prefill that holds its prompt already, while it is available.
 "Holds the prompt": its KV pool can pre-allocate it (why and how: router/kv_fit.py; else PromptTooLong).
 "Compatible": same model identity (model, page size, KV dtype, transfer backend; static workers match anything).
 The policies, chosen by name in the router config, are the pickers: each picks one worker among the candidates the
@@ -39,6 +40,12 @@ def available(pool: WorkerPool, role: Role, tried: set[str]) -> list[Worker]:
 
 def pairable(decodes: list[Worker], prefills: list[Worker]) -> list[Worker]:
     return [d for d in decodes if any(p.compatible_with(d) for p in prefills)]
+
+
+def preferred(prefills: list[Worker], decodes: list[Worker], worker_id: str) -> list[Worker]:
+    """Only the prefill `worker_id` if it is available and pairs with an available decode; else all of them."""
+    chosen = [p for p in prefills if p.worker_id == worker_id]
+    return chosen if pairable(decodes, chosen) else prefills
 
 
 def compatible_with(decode: Worker, prefills: list[Worker]) -> list[Worker]:
@@ -76,6 +83,8 @@ class Pairing:
         """(prefill, decode) for the request's next attempt; 503 if no pair can serve it."""
         prefills = available(self.pool, Role.PREFILL, request.tried)
         decodes = available(self.pool, Role.DECODE, request.tried)
+        if request.prefer_prefill is not None:  # a later choice of a fan-out: where its prompt is cached already
+            prefills = preferred(prefills, decodes, request.prefer_prefill)
         candidates = pairable(decodes, prefills)
         if not candidates:
             detail = "no prefill is compatible with any decode" if prefills and decodes else (

@@ -205,18 +205,19 @@ def check_completion(body: dict[str, Any]) -> Checked:
     checks.gather(COMPLETION, body, skip=frozenset({"prompt"}))
     _grammar_size(body.get("response_format"))
     prompt, stream, extra = body["prompt"], body.get("stream") is True, (tuple(checks.id_fields), tuple(checks.counts))
+    n = body.get("n") or 1
     if isinstance(prompt, str):
         return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra,
                        text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt",
-                       may_vanish=_vanishing("prompt", prompt))
+                       may_vanish=_vanishing("prompt", prompt), choices=n)
     if isinstance(prompt[0], str):  # a batch of texts (a list of ids or of id lists: below)
         _text_batch(prompt, "prompt")
         return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra,
                        text_tokens(prompt), text_bound(prompt), prompt_field="prompt",
-                       may_vanish=_vanishing("prompt", prompt))
+                       may_vanish=_vanishing("prompt", prompt), choices=n)
     batch_size, prompts = _id_prompts(prompt, "prompt")
     return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra,
-                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt")
+                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt", choices=n)
 
 
 def check_chat(body: dict[str, Any]) -> Checked:
@@ -234,7 +235,7 @@ def check_chat(body: dict[str, Any]) -> Checked:
     return Checked(None, body.get("stream") is True, body["messages"][0].get("content"), client_rid=_client_rid(
         rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
         prompt_tokens=text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]),
-        longest_prompt=chat_bound(texts, len(body["messages"])), prompt_field="messages")
+        longest_prompt=chat_bound(texts, len(body["messages"])), prompt_field="messages", choices=body.get("n") or 1)
 
 
 def _grammar_size(response_format: dict | None) -> None:

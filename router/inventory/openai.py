@@ -19,6 +19,7 @@ from router.inventory.native import (
 )
 from router.inventory.rules import (
     MAX_MESSAGES,
+    Choices,
     ClientId,
     Count,
     Flag,
@@ -95,7 +96,8 @@ COMMON: dict[str, Rule] = {
     "frequency_penalty": SAMPLING["frequency_penalty"],
     "presence_penalty": SAMPLING["presence_penalty"],
     "logit_bias": SAMPLING["logit_bias"],
-    "n": SAMPLING["n"],
+    "n": bounded("one PD request per choice, the first's cached prompt reused; at most the router's max_n (8 by "
+                 "default)", Choices | None),
     "stop": SAMPLING["stop"],
     "stream": passed("", Flag),
     "stream_options": passed("include_usage, continuous_usage_stats", StreamOptions | None),
@@ -190,7 +192,7 @@ COMPLETION: dict[str, Rule] = {
     # Shape: text, a batch of texts, token ids or a batch of them; ids are checked against the pair.
     "prompt": bounded("text, texts, or token ids in the vocabulary", Text | Prompts | Annotated[
         list[Any], Field(min_length=1, max_length=2**24)], PairLimit.TOKEN_IDS),
-    "best_of": bounded("1 only, as n", One | None),
+    "best_of": bounded("1 only: every choice is returned", One | None),
     "echo": bounded("false only: the prompt's logprobs are the prefill's, which this route does not merge",
                     Literal[False]),
     "logprobs": bounded("0 to 20 top logprobs per token; text_offset counts from the completion's start",

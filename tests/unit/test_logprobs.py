@@ -75,7 +75,7 @@ def test_a_whole_answer_gets_its_offsets_per_choice():
     assert not logprobs.fill_text_offsets({"choices": [{"text": "c", "logprobs": None}]}, {})
 
 
-@pytest.mark.parametrize("n", [1])
+@pytest.mark.parametrize("n", [1, 2])
 def test_the_router_fills_in_text_offsets_plain_and_streamed(n):
     decode = FakeWorker(Behaviour(tokens=["Hel", "lo", " world"]))
     with cluster(FakeWorker(), decode) as url:
