@@ -69,7 +69,7 @@ def test_the_first_choice_goes_alone_and_the_others_to_its_prefill_once_it_answe
     assert len(served) == 1 and len(served[0].received) == 4  # where the prompt is cached
     arrived = served[0].received_at
     assert all(later - arrived[0] >= 0.45 for later in arrived[1:])  # after the first's prefill answered
-    assert max(arrived[1:]) - min(arrived[1:]) < 0.3  # and together
+    assert max(arrived[1:]) - min(arrived[1:]) < 0.45  # and together (one after another: 0.5 s apart each)
 
 
 def test_a_streamed_answer_relays_every_choice_then_one_usage_and_one_done():
