@@ -257,7 +257,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "router": router,
     "router-history": router_history,
     "persistence-llama-small": lambda: persistence("persistence-llama-small.json"),
-    "persistence-smollm2-8k": lambda: persistence("persistence-smollm2-8k.json"),
     "persistence-smollm2-sealed": lambda: persistence("persistence-smollm2-sealed.json"),
     "pd": lambda: pd("pd.json"),
     "pd-verdicts": pd_verdicts,

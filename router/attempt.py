@@ -23,7 +23,7 @@ from enum import Enum
 import orjson
 
 from pdcluster.http import error_body
-from router import failures, logprobs, openai_answer
+from router import failures, logprobs
 from router.config import RouterConfig
 from router.edge import Answer, StreamAnswer
 from router.failures import HALF_ERRORS, TRANSPORT_ERRORS, DeadlinePassed, HalfFailed
@@ -114,8 +114,7 @@ class Attempt:
         request = self.request
         try:
             raw = orjson.dumps(request.body)
-            prefill_half = self.prefill_half = PrefillHalf(self.d.client, self.prefill, request.route, raw,
-                                                           request.headers, request.checked.prompt_tokens)
+            prefill_half = self.prefill_half = PrefillHalf(self.d.client, self.prefill, request, raw)
             response = self.response = await self._decode_head(raw, prefill_half)
             self._started()
             headers = {k: v for k in _PASSED_ON if (v := response.headers.get(k)) is not None}
@@ -125,8 +124,6 @@ class Attempt:
             payload = await response.read()
             if request.merge_logprobs:
                 payload = logprobs.merge_answer(payload, await prefill_half.answer())
-            elif request.route != "/generate" and b'"metadata"' in payload:
-                payload = openai_answer.typed_metadata(payload)
         except HALF_ERRORS as exc:
             failure = failures.as_failure(self.decode, exc)
             self.end(AttemptState.FAILED_BEFORE_FIRST_BYTE, failure)
@@ -172,7 +169,8 @@ class Attempt:
                 if first:
                     if self.first_token_timer is not None:
                         self.first_token_timer.cancel()
-                    metrics.ttft.labels(request.route).observe(time.monotonic() - request.attempt_started)
+                    if request.timed:  # else a fan-out's choice: the fan-out times its merged stream
+                        metrics.ttft.labels(request.route).observe(time.monotonic() - request.attempt_started)
                     if request.merge_logprobs:
                         chunk = logprobs.merge_first_event(chunk, logprobs.prefill_answer(await prefill_half.answer()))
                     first = False
@@ -230,7 +228,7 @@ class Attempt:
             worker.in_flight -= 1
         if self.prefill_half is not None:
             self.prefill_half.let_finish(self.d.background)
-        if streamed:  # the request's duration is its relay's (service.py times the rest)
+        if streamed and self.request.timed:  # the request's duration is its relay's (service.py times the rest)
             self.d.metrics.latency.labels(self.request.route).observe(time.monotonic() - self.request.started)
         self.outcome = Outcome(ending, failure, aborted)
 
@@ -241,15 +239,17 @@ class PrefillHalf:
     decode's response is interrupted (no KV will ever arrive). Once the decode has answered, it may trail by up to
     PREFILL_GRACE. While it is outstanding, its prompt tokens are on the worker's books (router/liveness.py)."""
 
-    def __init__(self, client: UpstreamClient, worker: Worker, path: str, body: bytes, headers: dict[str, str],
-                 prompt_tokens: int = 0):
-        self.client, self.worker, self.path, self.body, self.headers = client, worker, path, body, headers
+    def __init__(self, client: UpstreamClient, worker: Worker, request: PdRequest, body: bytes):
+        self.client, self.worker, self.body = client, worker, body
+        self.path, self.headers = request.route, request.headers
         self.failure: HalfFailed | None = None
         self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
-        self.prompt_tokens = prompt_tokens
-        worker.pending_prompt_tokens += prompt_tokens
+        self.prompt_tokens = request.checked.prompt_tokens
+        worker.pending_prompt_tokens += self.prompt_tokens
         self.future: asyncio.Future = asyncio.ensure_future(self._send())
         self.future.add_done_callback(self._done)
+        if (prefilled := request.on_prefilled) is not None:  # a fan-out's first choice (router/fanout.py)
+            self.future.add_done_callback(lambda future: prefilled(worker, future))
 
     async def _send(self) -> bytes:
         r = None

@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 
 from pdcluster.http import ApiError
-from router.inventory.rules import MAX_GRAMMAR_BYTES, no_text_code_point
+from pdcluster.protocol import WorkerCapabilities
+from router.inventory.rules import MAX_GRAMMAR_BYTES, PairLimit, no_text_code_point
 
 TOOLS_PREAMBLE = 512  # bytes of the text a chat template puts around the tools it renders (how to call them)
 
@@ -86,3 +87,21 @@ def _message(message: dict[str, Any], where: str) -> int:
             field = f"{where}tool_calls[{j}].function.arguments"
             raise ApiError(400, f"{field}: must be a JSON object, as text", field)
     return 2 * len(orjson.dumps(calls)) if calls else 0
+
+
+def check_pair_has(field: str, need: PairLimit, workers: tuple[tuple[str, WorkerCapabilities], ...]) -> None:
+    """Both workers run with what `field` needs: the same tool-call parser (each constrains the answer by it, the
+    prefill its first token; the decode reads the calls out of it), or deterministic inference (else seeds are moot)."""
+    if need is PairLimit.TOOL_PARSER:
+        lacking = " and the ".join(name for name, caps in workers if caps.tool_call_parser is None)
+        if lacking or not workers:
+            raise ApiError(400, f"{field}: tool calling needs SGLang's tool-call parser (--tool-call-parser) on both "
+                                f"workers of the pair, and the {lacking or 'pair'} runs none", field)
+        if len({caps.tool_call_parser for _, caps in workers}) > 1:
+            raise ApiError(400, f"{field}: the pair's workers run different tool-call parsers (" + ", ".join(
+                f"{name}: {caps.tool_call_parser}" for name, caps in workers) + "); it needs the same on both", field)
+    elif lacking := " and the ".join(name for name, caps in workers if not caps.deterministic_inference) or (
+            "" if workers else "pair"):
+        raise ApiError(400, f"{field}: this cluster's workers do not run SGLang's deterministic inference "
+                            f"(--enable-deterministic-inference), so a seed could not be honoured (the {lacking} "
+                            f"runs without it)", field)

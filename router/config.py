@@ -103,6 +103,9 @@ class RouterConfig(BaseModel):
     # Attempts per request on new pairs, for connection errors and 5xx/429 before the first byte reaches the client.
     max_attempts: int = Field(default=3, ge=1, le=10)
     retry_backoff: float = Field(default=0.05, ge=0)  # doubled per attempt, with jitter
+    # The most choices (`n`) an OpenAI request may ask for: each is a PD request of its own (router/fanout.py). At
+    # most the inventory's ceiling (router/inventory/rules.py's MAX_N).
+    max_n: int = Field(default=8, ge=1, le=64)
     # Consecutive failures that open a worker's circuit breaker, and how long it then gets no traffic.
     breaker_threshold: int = Field(default=5, ge=1)
     breaker_cooldown: float = Field(default=10.0, gt=0)

@@ -1,22 +1,45 @@
-"""An OpenAI answer as OpenAI types it. SGLang puts `metadata: {"weight_version": ..., "weight_versions": [...]}` in
-every whole chat and completions answer, where OpenAI's `metadata` is a map of strings: a strictly typed client
-fails to decode such an answer. The values stay, as strings (a list as its JSON text)."""
+"""An OpenAI answer as OpenAI types it, made once the answer is in (router/service.py): every whole answer's
+`metadata`, and the `text_offset` of /v1/completions' logprobs, whole or streamed (router/logprobs.py fills them).
+
+SGLang puts `metadata: {"weight_version": ..., "weight_versions": [...]}` in every whole chat and completions answer,
+where OpenAI's `metadata` is a map of strings: a strictly typed client fails to decode such an answer. The values
+stay, as strings (a list as its JSON text)."""
 
 from __future__ import annotations
 
 import json  # as SGLang wrote the answer: logprobs may be -Infinity, which json reads and writes back, orjson not
 from typing import Any
 
+from router import logprobs
+from router.edge import Answer, StreamAnswer
+
+
+def shaped(answer: Answer | StreamAnswer, route: str, body: dict[str, Any]) -> Answer | StreamAnswer:
+    """The answer of an OpenAI route (`body`: the request's) as the client gets it."""
+    offsets = route == "/v1/completions" and body.get("logprobs") is not None
+    if isinstance(answer, StreamAnswer):
+        if offsets:
+            answer.chunks = logprobs.stream_text_offsets(answer.chunks)
+    elif offsets or b'"metadata"' in answer.body:
+        answer.body = whole(answer.body, offsets)
+    return answer
+
 
 def typed_metadata(payload: bytes) -> bytes:
     """The whole answer with its top-level `metadata` values made strings; any other answer unchanged."""
+    return whole(payload, offsets=False)
+
+
+def whole(payload: bytes, offsets: bool) -> bytes:
+    """A whole answer with its metadata typed and (`offsets`) its text offsets filled; unchanged, the same bytes."""
     try:
         answer: Any = json.loads(payload)
     except ValueError:
         return payload
+    changed = offsets and logprobs.fill_text_offsets(answer, {})
     metadata = answer.get("metadata") if isinstance(answer, dict) else None
-    if not isinstance(metadata, dict) or all(isinstance(v, str) for v in metadata.values()):
-        return payload
-    answer["metadata"] = {str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-                          for k, v in metadata.items()}
-    return json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
+    if isinstance(metadata, dict) and not all(isinstance(v, str) for v in metadata.values()):
+        answer["metadata"] = {str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+                              for k, v in metadata.items()}
+        changed = True
+    return json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode() if changed else payload

@@ -5,7 +5,8 @@ filter -> scorer -> picker: filters narrow each role's candidates, then the role
     prefill: available -> compatible with the chosen decode               -> prefill policy
 
 "available": usable (Worker.unusable: registry, probes, liveness, breaker), and not tried already by this request,
-unless every available worker of the role has been (then tried ones may serve again).
+unless every available worker of the role has been (then tried ones may serve again). A later choice of an OpenAI
+request with `n` (router/fanout.py) keeps to the prefill that holds its prompt already, while it is available.
 "Holds the prompt": its KV pool can pre-allocate it (why and how: router/kv_fit.py; else PromptTooLong).
 "Compatible": same model identity (model, page size, KV dtype, transfer backend; static workers match anything).
 The policies, chosen by name in the router config, are the pickers: each picks one worker among the candidates the
@@ -26,6 +27,7 @@ import orjson
 
 from pdcluster.http import ApiError
 from pdcluster.protocol import Role, WorkerCapabilities
+from router.chat_checks import check_pair_has
 from router.inventory.rules import PairLimit
 from router.request import Checked, PdRequest
 from router.workers import Worker, WorkerPool
@@ -39,6 +41,12 @@ def available(pool: WorkerPool, role: Role, tried: set[str]) -> list[Worker]:
 
 def pairable(decodes: list[Worker], prefills: list[Worker]) -> list[Worker]:
     return [d for d in decodes if any(p.compatible_with(d) for p in prefills)]
+
+
+def preferred(prefills: list[Worker], decodes: list[Worker], worker_id: str) -> list[Worker]:
+    """Only the prefill `worker_id` if it is available and pairs with an available decode; else all of them."""
+    chosen = [p for p in prefills if p.worker_id == worker_id]
+    return chosen if pairable(decodes, chosen) else prefills
 
 
 def compatible_with(decode: Worker, prefills: list[Worker]) -> list[Worker]:
@@ -76,6 +84,8 @@ class Pairing:
         """(prefill, decode) for the request's next attempt; 503 if no pair can serve it."""
         prefills = available(self.pool, Role.PREFILL, request.tried)
         decodes = available(self.pool, Role.DECODE, request.tried)
+        if request.prefer_prefill is not None:  # a later choice of a fan-out: where its prompt is cached already
+            prefills = preferred(prefills, decodes, request.prefer_prefill)
         candidates = pairable(decodes, prefills)
         if not candidates:
             detail = "no prefill is compatible with any decode" if prefills and decodes else (
@@ -236,7 +246,7 @@ class ModelLimits:
 def check_for_pair(checked: Checked, limits: ModelLimits) -> None:
     """400 naming the field (the bad id and its position, or what the pair lacks); 503: ids that cannot be checked."""
     for field, need in checked.needs:
-        _check_need(field, need, limits.capabilities)
+        check_pair_has(field, need, limits.capabilities)
     _check_prompts(checked, limits)
     vocab = limits.vocab_size
     for field, ids in checked.id_fields:
@@ -279,21 +289,3 @@ def _check_prompts(checked: Checked, limits: ModelLimits) -> None:
             position = next(i for i, t in enumerate(ids) if not 0 <= t < limits.vocab_size)
             raise ApiError(400, f"{where}[{position}] is {ids[position]}: token ids must be in "
                                 f"[0, {limits.vocab_size}) for this model", field)
-
-
-def _check_need(field: str, need: PairLimit, workers: tuple[tuple[str, WorkerCapabilities], ...]) -> None:
-    """Both workers run with what `field` needs: the same tool-call parser (each constrains the answer by it, the
-    prefill its first token; the decode reads the calls out of it), or deterministic inference (else seeds are moot)."""
-    if need is PairLimit.TOOL_PARSER:
-        lacking = " and the ".join(name for name, caps in workers if caps.tool_call_parser is None)
-        if lacking or not workers:
-            raise ApiError(400, f"{field}: tool calling needs SGLang's tool-call parser (--tool-call-parser) on both "
-                                f"workers of the pair, and the {lacking or 'pair'} runs none", field)
-        if len({caps.tool_call_parser for _, caps in workers}) > 1:
-            raise ApiError(400, f"{field}: the pair's workers run different tool-call parsers (" + ", ".join(
-                f"{name}: {caps.tool_call_parser}" for name, caps in workers) + "); it needs the same on both", field)
-    elif lacking := " and the ".join(name for name, caps in workers if not caps.deterministic_inference) or (
-            "" if workers else "pair"):
-        raise ApiError(400, f"{field}: this cluster's workers do not run SGLang's deterministic inference "
-                            f"(--enable-deterministic-inference), so a seed could not be honoured (the {lacking} "
-                            f"runs without it)", field)

@@ -15,6 +15,7 @@ import re
 import sys
 import time
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -111,6 +112,7 @@ class Checked:
     # (field, need) of what both workers of the pair must run with (PairLimit.TOOL_PARSER, DETERMINISTIC): the first
     # field that needs each, named in the 400 of a pair without it.
     needs: tuple[tuple[str, PairLimit], ...] = ()
+    choices: int = 1  # an OpenAI request's `n`: more than 1 is a request per choice (router/fanout.py)
 
     @property
     def hint(self) -> str:
@@ -133,7 +135,7 @@ def wants_logprobs(body: dict[str, Any]) -> bool:
 
 class PdRequest:
     __slots__ = ("_hint", "attempt", "attempt_started", "body", "checked", "deadline", "headers", "merge_logprobs",
-                 "request_id", "rids", "route", "started", "tried")
+                 "on_prefilled", "prefer_prefill", "request_id", "rids", "route", "started", "timed", "tried")
 
     def __init__(self, route: str, request_id: str, body: dict[str, Any], checked: Checked, started: float,
                  total_timeout: float):
@@ -147,6 +149,12 @@ class PdRequest:
         self.rids: list[str] = []  # the current attempt's, the ids its halves are aborted by
         self.attempt_started = started
         self._hint: str | None = None
+        # One choice of several (router/fanout.py): the prefill that holds the prompt already, what to call when an
+        # attempt's prefill half has answered (with its prefill, and the half's future), and whether a stream's
+        # duration is this request's (a fan-out times its merged stream itself).
+        self.prefer_prefill: str | None = None
+        self.on_prefilled: Callable[[Worker, Any], None] | None = None
+        self.timed = True
 
     @property
     def stream(self) -> bool:

@@ -1,6 +1,7 @@
 """One PD request from the client's side: check it, then attempt it on a pair (router/pairing.py chooses,
 router/attempt.py attempts), again on a new pair after a retryable failure before the first byte, and account
-for it (status metric, latency, X-Request-ID, a log line)."""
+for it (status metric, latency, X-Request-ID, a log line). An OpenAI request for n > 1 choices is n such requests
+(router/fanout.py), accounted for as one."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import orjson
 
 from pdcluster.http import ApiError, check_bearer, parse_json_object
+from router import fanout, openai_answer
 from router.attempt import Attempt, Dispatcher
 from router.config import RouterConfig
 from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
@@ -85,6 +87,13 @@ class PdService:
         request = PdRequest(route, request_id, body, CHECKS[route](body), started, config.total_timeout)
         if request.checked.client_rid and log.isEnabledFor(logging.INFO):
             log.info("client id", extra={"request_id": request_id, "client_rid": request.checked.client_rid})
+        if request.checked.choices > 1:  # OpenAI's `n`: a request per choice, one answer of them all
+            return await fanout.answer(request, self.serve, config, self.metrics)
+        return await self.serve(request)
+
+    async def serve(self, request: PdRequest) -> Answer | StreamAnswer:
+        """The request's attempts, each on a pair, until one answers or a failure is final."""
+        config, route, request_id = self.config, request.route, request.request_id
         while True:
             try:
                 prefill, decode = self.pairing.choose(request)
@@ -118,4 +127,4 @@ class PdService:
             if config.expose_worker_ids:
                 answer.headers["x-pdcluster-prefill"] = prefill.worker_id
                 answer.headers["x-pdcluster-decode"] = decode.worker_id
-            return answer
+            return answer if route == "/generate" else openai_answer.shaped(answer, route, request.body)

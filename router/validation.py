@@ -214,19 +214,19 @@ def check_completion(body: dict[str, Any]) -> Checked:
     checks.gather(COMPLETION, body, skip=frozenset({"prompt"}))
     response_format_schema(body.get("response_format"))
     prompt, stream, extra = body["prompt"], body.get("stream") is True, (tuple(checks.id_fields), tuple(checks.counts))
-    needs = checks.pair_needs()
+    needs, n = checks.pair_needs(), body.get("n") or 1
     if isinstance(prompt, str):
         return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra,
                        text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt",
-                       may_vanish=_vanishing("prompt", prompt), needs=needs)
+                       may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n)
     if isinstance(prompt[0], str):  # a batch of texts (a list of ids or of id lists: below)
         _text_batch(prompt, "prompt")
         return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra,
                        text_tokens(prompt), text_bound(prompt), prompt_field="prompt",
-                       may_vanish=_vanishing("prompt", prompt), needs=needs)
+                       may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n)
     batch_size, prompts = _id_prompts(prompt, "prompt")
     return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra,
-                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt", needs=needs)
+                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt", needs=needs, choices=n)
 
 
 def check_chat(body: dict[str, Any]) -> Checked:
@@ -248,5 +248,5 @@ def check_chat(body: dict[str, Any]) -> Checked:
         rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
         prompt_tokens=text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]) + tool_bytes // CHARS_PER_TOKEN,
         longest_prompt=chat_bound(texts, len(body["messages"])) + tool_bytes, prompt_field="messages",
-        needs=checks.pair_needs())
+        needs=checks.pair_needs(), choices=body.get("n") or 1)
 

@@ -1,4 +1,5 @@
-"""A fake SGLang worker for hermetic router tests: answers /generate (plain or SSE), records what it was sent.
+"""A fake SGLang worker for hermetic router tests: answers /generate (plain or SSE) in SGLang's native shape and the
+OpenAI routes in OpenAI's (one choice, its usage), records what it was sent.
 
 This is a test double, not SGLang: it checks the router's plumbing (fields injected, streams relayed, aborts sent),
 never the generated tokens. The end-to-end tests use real SGLang processes for that.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -33,12 +35,21 @@ class Behaviour:
     error_event: str | None = None  # a stream's last event: SGLang's error event with this message
     done_lingers: float = 0.0  # a stream stays open this long after its [DONE] (the worker's close comes later)
     answer_fields: dict = field(default_factory=dict)  # more fields of a whole answer (SGLang's `metadata`, ...)
+    # OpenAI routes: the completion's tokens (one per streamed chunk; default "x" per chunk), a whole answer's text if
+    # not their concatenation (a trimmed stop string, a space a token's own string lacks), the usage's prompt and
+    # cached tokens.
+    tokens: list[str] | None = None
+    text: str | None = None
+    prompt_tokens: int = 5
+    cached_tokens: int | None = None
+    per_request: dict[int, Behaviour] = field(default_factory=dict)  # the Nth request (from 1) behaves so instead
 
 
 @dataclass
 class FakeWorker:
     behaviour: Behaviour = field(default_factory=Behaviour)
     received: list[dict] = field(default_factory=list)
+    received_at: list[float] = field(default_factory=list)  # time.monotonic() of each
     aborted: list[str] = field(default_factory=list)
     healthy: bool = True
     canary_ids: list[int] = field(default_factory=lambda: [1, 2, 3])  # what it answers a router's admission canary
@@ -87,7 +98,8 @@ class FakeWorker:
                     await asyncio.sleep(60)
                 return JSONResponse({"text": "canary", "output_ids": self.canary_ids, "meta_info": {"id": body["rid"]}})
             self.received.append(body)
-            b = self.behaviour
+            self.received_at.append(time.monotonic())
+            b = self.behaviour.per_request.get(len(self.received), self.behaviour)
             if b.delay:
                 await asyncio.sleep(b.delay)
             if b.hang:
@@ -101,34 +113,101 @@ class FakeWorker:
                     return JSONResponse({"object": "error", "message": b.error_message, "type": "BadRequestError",
                                          "param": None, "code": status}, status_code=status)
                 return JSONResponse({"error": {"message": f"fake failure {status}"}}, status_code=status)
+            path = request.url.path
             if not body.get("stream"):
+                if path != "/generate":
+                    return JSONResponse({**openai_answer(b, body, path), **b.answer_fields})
                 return JSONResponse({"text": "x" * b.chunks, "output_ids": list(range(b.chunks)),
                                      "meta_info": {"id": body.get("rid")}, **b.answer_fields})
-            return StreamingResponse(self._stream(b, body.get("rid")), media_type="text/event-stream")
+            return StreamingResponse(self._stream(b, body, path), media_type="text/event-stream")
 
         for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
             app.post(path)(generate)
         return app
 
-    async def _stream(self, b: Behaviour, rid: str | None):
+    async def _stream(self, b: Behaviour, body: dict, path: str):
+        rid = body.get("rid")
         if b.first_chunk_delay:
             await asyncio.sleep(b.first_chunk_delay)
-        for i in range(b.chunks):
+        tokens = b.tokens or ["x"] * b.chunks
+        for i in range(len(tokens)):
             if b.drop_after_chunks is not None and i == b.drop_after_chunks:
                 raise RuntimeError("fake worker crashed mid-stream")  # uvicorn drops the connection
             if b.stall_after_chunks is not None and i == b.stall_after_chunks:
                 while rid not in self.aborted:
                     await asyncio.sleep(0.01)
                 return
-            yield f"data: {json.dumps({'text': 'x' * (i + 1), 'output_ids': list(range(i + 1))})}\n\n".encode()
+            if path == "/generate":
+                event = {"text": "x" * (i + 1), "output_ids": list(range(i + 1))}
+            else:
+                event = openai_chunk(b, body, path, tokens, i)
+            yield f"data: {json.dumps(event)}\n\n".encode()
             if b.chunk_delay:
                 await asyncio.sleep(b.chunk_delay)
         if b.error_event is not None:
             error = {"object": "error", "message": b.error_event, "type": "BadRequestError", "param": None, "code": 400}
             yield f"data: {json.dumps({'error': error})}\n\n".encode()
+        elif path != "/generate" and (body.get("stream_options") or {}).get("include_usage"):
+            usage = {**_head(body, path, chunk=True), "choices": [], "usage": _usage(b, len(tokens))}
+            yield f"data: {json.dumps(usage)}\n\n".encode()
         yield b"data: [DONE]\n\n"
         if b.done_lingers:
             await asyncio.sleep(b.done_lingers)
+
+
+def _head(body: dict, path: str, chunk: bool = False) -> dict:
+    chat = path == "/v1/chat/completions"
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+    return {"id": body.get("rid"), "object": kind, "created": int(time.time()), "model": body.get("model", "fake")}
+
+
+def _usage(b: Behaviour, completion: int) -> dict:
+    details = {"cached_tokens": b.cached_tokens} if b.cached_tokens is not None else None
+    return {"prompt_tokens": b.prompt_tokens, "total_tokens": b.prompt_tokens + completion,
+            "completion_tokens": completion, "prompt_tokens_details": details, "reasoning_tokens": 0}
+
+
+def _logprobs(body: dict, path: str, tokens: list[str]) -> dict | None:
+    """As SGLang 0.5.23 writes them: a completion's with every text_offset -1."""
+    if path == "/v1/chat/completions":
+        return {"content": [{"token": t, "logprob": -0.5, "bytes": list(t.encode()), "top_logprobs": []}
+                            for t in tokens]} if body.get("logprobs") else None
+    if body.get("logprobs") is None:
+        return None
+    return {"text_offset": [-1] * len(tokens), "token_logprobs": [-0.5] * len(tokens), "tokens": tokens,
+            "top_logprobs": [{t: -0.5} for t in tokens]}
+
+
+def openai_answer(b: Behaviour, body: dict, path: str) -> dict:
+    """One choice per prompt (a completions prompt may be a list of k), as SGLang answers n = 1."""
+    tokens = b.tokens or ["x"] * b.chunks
+    text = b.text if b.text is not None else "".join(tokens)
+    prompt = body.get("prompt")
+    k = len(prompt) if isinstance(prompt, list) and isinstance(prompt[0], str | list) else 1
+    choices: list[dict] = []
+    for index in range(k):
+        choice: dict = {"index": index, "logprobs": _logprobs(body, path, tokens), "finish_reason": "length"}
+        if path == "/v1/chat/completions":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choices.append(choice)
+    usage = _usage(b, len(tokens) * k)
+    usage["prompt_tokens"] *= k
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return {**_head(body, path), "choices": choices, "usage": usage}
+
+
+def openai_chunk(b: Behaviour, body: dict, path: str, tokens: list[str], i: int) -> dict:
+    """The event of token `i`, whose text is the token's."""
+    text = tokens[i]
+    choice: dict = {"index": 0, "logprobs": _logprobs(body, path, tokens[i:i + 1]),
+                    "finish_reason": "length" if i == len(tokens) - 1 else None}
+    if path == "/v1/chat/completions":
+        choice["delta"] = {"role": "assistant", "content": text} if i == 0 else {"content": text}
+    else:
+        choice["text"] = text
+    return {**_head(body, path, chunk=True), "choices": [choice]}
 
 
 class ServerThread:

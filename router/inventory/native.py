@@ -67,7 +67,7 @@ SAMPLING: dict[str, Rule] = {
     "presence_penalty": bounded("in [-2, 2]", Penalty | None),
     "repetition_penalty": bounded("in [0.01, 2]: a penalty near 0 divides logits to infinity (1e-300 crashed the "
                                                      "decode)", RepetitionPenalty | None),
-    "n": bounded("1 only: each PD request is one KV transfer (send n requests)", One | None),
+    "n": bounded("1 only: the OpenAI routes serve more (here, send n requests)", One | None),
     "beam_width": refused("beam search: " + NOT_PD),
     "json_schema": bounded("a grammar, compiled on both workers: size-limited", Grammar | None),
     "regex": bounded("a grammar, compiled on both workers: size-limited", Grammar | None),

@@ -22,6 +22,7 @@ from router.inventory.rules import (
     MAX_NAME_CHARS,
     MAX_TOOL_TEXT,
     MAX_TOOLS,
+    Choices,
     ClientId,
     Count,
     Flag,
@@ -141,7 +142,8 @@ COMMON: dict[str, Rule] = {
     "frequency_penalty": SAMPLING["frequency_penalty"],
     "presence_penalty": SAMPLING["presence_penalty"],
     "logit_bias": SAMPLING["logit_bias"],
-    "n": SAMPLING["n"],
+    "n": bounded("one PD request per choice, the first's cached prompt reused; at most the router's max_n (8 by "
+                 "default)", Choices | None),
     "stop": SAMPLING["stop"],
     "stream": passed("", Flag),
     "stream_options": passed("include_usage, continuous_usage_stats", StreamOptions | None),
@@ -237,10 +239,11 @@ COMPLETION: dict[str, Rule] = {
     # Shape: text, a batch of texts, token ids or a batch of them; ids are checked against the pair.
     "prompt": bounded("text, texts, or token ids in the vocabulary", Text | Prompts | Annotated[
         list[Any], Field(min_length=1, max_length=2**24)], PairLimit.TOKEN_IDS),
-    "best_of": bounded("1 only, as n", One | None),
+    "best_of": bounded("1 only: every choice is returned", One | None),
     "echo": bounded("false only: the prompt's logprobs are the prefill's, which this route does not merge",
                     Literal[False]),
-    "logprobs": bounded("0 to 20 top logprobs per token", TopLogprobs | None),
+    "logprobs": bounded("0 to 20 top logprobs per token; text_offset counts from the completion's start",
+                        TopLogprobs | None),
     "max_tokens": bounded("as max_new_tokens, at least 1 (SGLang's completions refuse 0)", PositiveCount | None,
                           PairLimit.TOKENS),
     "suffix": refused("insertion (fill in the middle) is not supported by SGLang"),

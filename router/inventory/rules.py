@@ -78,6 +78,7 @@ def ignored(reason: str, type_: Any) -> Rule:
 
 # Static limits. The pair's own limits (vocabulary, context length) come from its registration.
 MAX_BATCH = 64  # items of one batch request: each is a request of its own on both workers
+MAX_N = 64  # choices of one OpenAI request (`n`): the router's `max_n` bounds it lower (router/fanout.py)
 MAX_STOP = 32  # stop strings (SGLang's own MAX_STOP_COUNT)
 MAX_STOP_CHARS = 256  # each: SGLang decodes the answer's last tokens this long after every token, for each string
 MAX_IDS_LISTED = 256  # stop_token_ids, token_ids_logprob, logit_bias entries
@@ -144,4 +145,5 @@ LogitBias = Annotated[dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,10}$")]
 Seed = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
 StreamInterval = Annotated[StrictInt, Field(ge=1, le=MAX_STREAM_INTERVAL)]
 One = Annotated[StrictInt, Field(ge=1, le=1)]  # n, best_of: a PD request is one sample (Literal[1] took true)
+Choices = Annotated[StrictInt, Field(ge=1, le=MAX_N)]  # an OpenAI `n`: one PD request per choice
 ClientId = StrictStr | list[StrictStr]

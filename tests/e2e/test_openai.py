@@ -44,3 +44,37 @@ def test_bad_request_surfaces_as_openai_bad_request_error(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=MODEL, prompt="x", max_tokens=4, top_p=3)
     assert "top_p" in str(caught.value)
+
+
+def test_n_choices_plain_and_streamed(client):
+    """n = 3 through PD: three choices indexed 0..2, each ending at max_tokens (ignore_eos: exact counts on the random
+    demo model), the prompt counted once and the completions summed, one id for a stream, one usage event."""
+    messages = [{"role": "user", "content": "Tell me about routers."}]
+    exact = {"max_tokens": 6, "temperature": 0.8, "extra_body": {"ignore_eos": True}}
+    single = client.chat.completions.create(model=MODEL, messages=messages, **exact)
+    plain = client.chat.completions.create(model=MODEL, messages=messages, n=3, **exact)
+    assert [choice.index for choice in plain.choices] == [0, 1, 2]
+    assert all(choice.finish_reason == "length" and choice.message.role == "assistant" for choice in plain.choices)
+    assert plain.usage.prompt_tokens == single.usage.prompt_tokens  # the prompt once
+    assert plain.usage.completion_tokens == 3 * 6
+    assert plain.usage.total_tokens == plain.usage.prompt_tokens + 3 * 6
+
+    stream = client.chat.completions.create(model=MODEL, messages=messages, n=3, stream=True,
+                                            stream_options={"include_usage": True}, **exact)
+    texts: dict[int, str] = {}
+    finished: dict[int, str] = {}
+    ids, usages = set(), []
+    for chunk in stream:  # the client stops at the one `data: [DONE]`
+        ids.add(chunk.id)
+        if chunk.usage is not None:
+            usages.append(chunk.usage)
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason is not None:
+                finished[choice.index] = choice.finish_reason
+    assert sorted(texts) == [0, 1, 2] and all(texts.values())
+    assert finished == {0: "length", 1: "length", 2: "length"}
+    assert len(ids) == 1
+    (usage,) = usages
+    assert usage.prompt_tokens == single.usage.prompt_tokens and usage.completion_tokens == 3 * 6
+    assert usage.total_tokens == usage.prompt_tokens + 3 * 6

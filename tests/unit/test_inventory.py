@@ -85,7 +85,8 @@ def test_the_errors_doc_names_only_fields_the_inventory_decides():
     doc = (REPO / "docs" / "errors.md").read_text()
     section = doc[doc.index("# Errors and limits"):doc.index("**Request ids.**")]
     known = set().union(GENERATE, SAMPLING, CHAT, COMPLETION, MESSAGE)
-    settings = {"max_body_bytes", "vocab_size", "first_token_timeout", "total_timeout", "read_timeout", "null"}
+    settings = {"max_body_bytes", "vocab_size", "first_token_timeout", "total_timeout", "read_timeout", "null",
+                "max_n"}
     named = {word for word in re.findall(r"`([a-z_]+)`", section)} - settings
     assert named <= known, f"docs/errors.md names fields no table decides: {sorted(named - known)}"
     assert "limits.md" in section

@@ -65,8 +65,8 @@ class FreezableWorker(FakeWorker):
 
         return app
 
-    async def _stream(self, b: Behaviour, rid: str | None):
-        async for chunk in super()._stream(b, rid):
+    async def _stream(self, b: Behaviour, body: dict, path: str):
+        async for chunk in super()._stream(b, body, path):
             while self.frozen or self.stalled:
                 await asyncio.sleep(0.01)
             yield chunk

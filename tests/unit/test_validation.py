@@ -30,7 +30,7 @@ from router.validation import check_chat, check_completion, check_generate, may_
         ({"text": "a", "stream": "yes"}, "stream", "boolean"),
         ({"text": [], "sampling_params": {}}, "text", "text: List should have at least 1 item"),
         ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params", "1 items for 2 inputs"),
-        ({"text": "a", "sampling_params": {"n": 2}}, "sampling_params.n", "1 only: each PD request is one KV transfer"),
+        ({"text": "a", "sampling_params": {"n": 2}}, "sampling_params.n", "1 only: the OpenAI routes serve more"),
     ],
 )
 def test_bad_generate_bodies_get_400_naming_the_field(body, param, fragment):
@@ -56,7 +56,7 @@ def test_valid_generate_bodies_pass_and_report_batches():
         (check_completion, {"model": "m"}, "prompt"),
         (check_completion, {"model": "m", "prompt": "a", "max_tokens": -1}, "max_tokens"),
         (check_completion, {"model": "m", "prompt": "a", "top_p": 2}, "top_p"),
-        (check_completion, {"model": "m", "prompt": "a", "n": 3}, "n"),
+        (check_completion, {"model": "m", "prompt": "a", "n": 65}, "n"),  # router/fanout.py serves 2 to max_n
         (check_chat, {"model": "m", "messages": []}, "messages"),
         (check_chat, {"model": "m", "messages": [{"content": "hi"}]}, "messages[0].role"),
         (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),

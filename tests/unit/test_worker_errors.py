@@ -63,7 +63,7 @@ def test_a_workers_error_event_mid_stream_is_rewritten():
     with cluster(prefill, decode) as url:
         response = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "a", "stream": True}, timeout=30)
     events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
-    assert [e["text"] for e in events[:2]] == ["x", "xx"]
+    assert [e["choices"][0]["text"] for e in events[:2]] == ["x", "x"]
     error = events[2]["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == 400
     assert "max_tokens must be positive" in error["message"] and "site-packages" not in response.text
