@@ -72,7 +72,7 @@ def test_n_choices_plain_and_streamed(client):
             texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
             if choice.finish_reason is not None:
                 finished[choice.index] = choice.finish_reason
-    assert sorted(texts) == [0, 1, 2] and all(texts.values())
+    assert sorted(texts) == [0, 1, 2]  # (a random model's 6 tokens may all be special: no text asserted)
     assert finished == {0: "length", 1: "length", 2: "length"}
     assert len(ids) == 1
     (usage,) = usages
