@@ -141,7 +141,8 @@ def test_one_streamed_choice_failing_ends_the_stream_with_an_error_event_and_abo
 
 def test_the_first_choice_failing_before_its_answer_is_the_answer_and_starts_no_other():
     decode = FakeWorker(Behaviour(status=400, error_message="bad value"))
-    with cluster([FakeWorker()], [decode], max_attempts=1) as url:
+    # the prefill half answers well after the decode's 400: once it has answered, the others may start (by design)
+    with cluster([FakeWorker(Behaviour(delay=1.0))], [decode], max_attempts=1) as url:
         plain = httpx.post(f"{url}{CHAT}", json={"messages": MESSAGES, "n": 3}, timeout=30)
         streamed = httpx.post(f"{url}{CHAT}", json={"messages": MESSAGES, "n": 3, "stream": True}, timeout=30)
     assert plain.status_code == streamed.status_code == 400
