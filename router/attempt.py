@@ -261,9 +261,7 @@ class PrefillHalf:
         finally:
             if r is not None:
                 r.close()
-        if r.status >= 400:
-            raise failures.status_failure(self.worker, r.status, payload)
-        return payload
+        return failures.prefill_answer(self.worker, r.status, payload)
 
     def watch(self, decode: UpstreamResponse) -> None:
         """Interrupt the decode's response with this half's failure, now or when it comes (the decode's on_sent)."""

@@ -117,6 +117,52 @@ def status_failure(worker: Worker, status: int, payload: bytes) -> HalfFailed:
                       payload, worker_fault(status), detail=f"{worker.url}: {payload[:200]!r}")
 
 
+def prefill_answer(worker: Worker, status: int, payload: bytes) -> bytes:
+    """The prefill half's answer, or its HalfFailed raised: an error status, or a 200 that says it aborted."""
+    if status >= 400:
+        raise status_failure(worker, status, payload)
+    if (aborted := prefill_aborted(worker, payload)) is not None:
+        raise aborted
+    return payload
+
+
+def prefill_aborted(worker: Worker, payload: bytes) -> HalfFailed | None:
+    """A prefill's 200 that says it aborted the request (SGLang answers 200 for an abort that carries no status
+    code, e.g. one its scheduler made): no KV is coming, so the decode must not be left waiting for it (it would
+    wait out its own bootstrap timeout, minutes). JSON or a stream's events, native or OpenAI."""
+    if b"abort" not in payload and b'"error"' not in payload:
+        return None  # the common case, decided without parsing
+    for part in payload.split(b"\n\n") if payload.startswith(b"data:") else [payload]:
+        part = part.removeprefix(b"data:").strip()
+        try:
+            answers = orjson.loads(part)
+        except orjson.JSONDecodeError:
+            continue
+        for answer in answers if isinstance(answers, list) else [answers]:  # a native batch: a list of answers
+            if isinstance(answer, dict) and (failure := _aborted(worker, answer, payload)) is not None:
+                return failure
+    return None
+
+
+def _aborted(worker: Worker, answer: dict, payload: bytes) -> HalfFailed | None:
+    choices = answer.get("choices")
+    reasons = [choice.get("finish_reason") for choice in choices if isinstance(choice, dict)] \
+        if isinstance(choices, list) else []
+    meta = answer.get("meta_info")
+    reasons.append(meta.get("finish_reason") if isinstance(meta, dict) else None)
+    for reason in reasons:
+        if reason == "abort" or (isinstance(reason, dict) and reason.get("type") == "abort"):
+            message = reason.get("message") if isinstance(reason, dict) else None
+            said = f": {clean_reason(message)}" if isinstance(message, str) and message else ""
+            return HalfFailed(worker, 502, f"{_who(worker)} aborted the request{said}",
+                              detail=f"{worker.url}: {payload[:200]!r}")
+    if "error" in answer:
+        reason = worker_reason(orjson.dumps(answer)) or "no reason given"
+        return HalfFailed(worker, 502, f"{_who(worker)} answered an error: {reason}",
+                          detail=f"{worker.url}: {payload[:200]!r}")
+    return None
+
+
 # What a worker's message may carry that a client must not read: a traceback, a path of the server's files, an
 # internal address. SGLang 0.5.23 puts all three into some 400s (a pydantic error raised in its own code).
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\):[ \t]*\n(?:[ \t]+[^\n]*(?:\n|$))*")  # its frames

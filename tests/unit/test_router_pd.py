@@ -71,6 +71,27 @@ def test_prefill_failure_aborts_the_decode_half_and_returns_502():
     assert decode.aborted == [decode.received[0]["rid"]]
 
 
+ABORTED_NATIVE = {"meta_info": {"finish_reason": {"type": "abort", "message": "Aborted by /tmp/x.py"}}}
+ABORTED_CHAT = {"choices": [{"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "abort"}]}
+
+
+@pytest.mark.parametrize(("path", "body", "aborted"), [
+    ("/generate", {"text": "hi"}, ABORTED_NATIVE),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, ABORTED_CHAT),
+])
+def test_a_prefill_that_answers_200_with_an_abort_fails_the_request_at_once(path, body, aborted):
+    """SGLang answers 200 for an abort with no status code: the decode, left alone, would wait minutes for KV."""
+    prefill, decode = FakeWorker(Behaviour(answer_fields=aborted)), FakeWorker(Behaviour(hang=True))
+    with cluster(prefill, decode, max_attempts=1) as url:
+        start = time.monotonic()
+        response = httpx.post(f"{url}{path}", json=body, timeout=60)
+        assert time.monotonic() - start < 10
+        assert until(lambda: decode.aborted)
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert "prefill" in message and "aborted the request" in message and "/tmp" not in message
+
+
 def test_decode_crash_mid_stream_ends_the_stream_with_an_error_event_and_aborts_prefill():
     prefill, decode = FakeWorker(Behaviour(hang=True)), FakeWorker(Behaviour(chunks=5, drop_after_chunks=2))
     with cluster(prefill, decode) as url:
