@@ -9,7 +9,10 @@ the others an export already there wins.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
+import re
 from pathlib import Path
 
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
@@ -46,6 +49,8 @@ def sglang_env(cluster: ClusterSettings, ns: argparse.Namespace, advertise: str,
     env_added["SGLANG_HOST_IP"] = advertise  # Mooncake and SGLang's ZMQ endpoints bind/announce this address
     if role_cpu_env is not None:
         env_added.update(_cpu_env(cluster, role_cpu_env, env))
+        if unused := unused_model_modules(ns.model_path):
+            env_added[DISABLED_MODELS_ENV] = ",".join(unused)
     if stored is not None:
         env_added.update(_kv_store_env(stored, ns.tp_size * ns.pp_size))
     if cores:
@@ -70,6 +75,31 @@ def _cpu_env(cluster: ClusterSettings, role_cpu_env: dict[str, str], env: dict[s
     # pdcluster/cpu_transfer_race (an SGLang plugin): the prefill's transfer loop survives SGLang's clean-up race
     added["PDCLUSTER_CPU_TRANSFER_RACE"] = "1"
     return added
+
+
+# SGLang's scheduler imports every module of sglang.srt.models to find the model's class (~300 modules, 3-4 s of each
+# worker's start on a CPU, where starts are what the tests wait for); SGLang's own knob skips the ones named here.
+DISABLED_MODELS_ENV = "SGLANG_DISABLED_MODEL_ARCHS"
+
+
+def unused_model_modules(model_path: str) -> list[str]:
+    """The modules of sglang.srt.models that cannot hold the model's class: those whose source names none of its
+    config.json `architectures` (a module subclassing or re-exporting the class names it, and is kept). [] when the
+    model is not a local folder with architectures, or SGLang's models are not where they were (nothing skipped)."""
+    try:
+        architectures = json.loads((Path(model_path) / "config.json").read_text()).get("architectures")
+        spec = importlib.util.find_spec("sglang.srt.models")
+    except (OSError, ValueError, ImportError, AttributeError):
+        return []
+    if not architectures or not all(isinstance(a, str) and a.isidentifier() for a in architectures) \
+            or spec is None or not spec.submodule_search_locations:
+        return []
+    named = re.compile(r"\b(?:" + "|".join(architectures) + r")\b")
+    unused = []
+    for source in sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.py")):
+        if source.stem != "__init__" and not named.search(source.read_text(errors="replace")):
+            unused.append(source.stem)
+    return unused
 
 
 def _kv_store_env(kv: KVStoreSettings, ranks: int) -> dict[str, str]:
