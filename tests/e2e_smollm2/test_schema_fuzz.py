@@ -64,8 +64,11 @@ def _few_tokens(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
         return int(value)
     if isinstance(value, dict):
-        return {k: (MAX_TOKENS if k in _COUNTS and type(v) is int and MAX_TOKENS < v <= 2**31 - 1 else _few_tokens(v))
-                for k, v in value.items()}
+        # Each value made an int first, then capped: 8000.0 capped after becoming 8000, never let through as 8000 (a
+        # chat with ignore_eos then generates for minutes, and the router rightly answers 504 at first_byte_timeout).
+        made = {k: _few_tokens(v) for k, v in value.items()}
+        return {k: MAX_TOKENS if k in _COUNTS and type(v) is int and MAX_TOKENS < v <= 2**31 - 1 else v
+                for k, v in made.items()}
     if isinstance(value, list):
         return [_few_tokens(v) for v in value]
     return value
