@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
 
-.PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd chaos \
+.PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
 	bench-persistence bench-kv-handoff clean
 
 setup: system-packages venv model
@@ -99,6 +99,11 @@ chaos:
 # BENCH_MODEL=<shape or smollm2>: that one only (8b-balance: persistence.json).
 bench-persistence:
 	$(foreach m,$(or $(BENCH_MODEL),llama-small smollm2),flock /tmp/pdcluster-cluster.lock $(PY) -m bench.persistence --shape $(m) &&) true
+
+# OpenAI's n = 4 against n = 1 on a ~1000-token prompt through PD, on SmolLM2 (~10 min): bench/results/n-choices.json
+# and .png.
+bench-n:
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.n_choices
 
 # One prompt's KV (1k-8k tokens of SmolLM2-135M) moved prefill -> decode through Mooncake's TCP transport as SGLang's
 # connector sends it, against a loopback socket moving the same bytes, with Mooncake's knobs (~2-3 min, no SGLang):
