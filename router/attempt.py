@@ -261,6 +261,8 @@ class PrefillHalf:
         finally:
             if r is not None:
                 r.close()
+        if r.status < 400 and b"abort" not in payload and b'"error"' not in payload:
+            return payload  # the common case, decided here: failures.py is for failures
         return failures.prefill_answer(self.worker, r.status, payload)
 
     def watch(self, decode: UpstreamResponse) -> None:

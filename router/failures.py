@@ -131,7 +131,7 @@ def prefill_aborted(worker: Worker, payload: bytes) -> HalfFailed | None:
     code, e.g. one its scheduler made): no KV is coming, so the decode must not be left waiting for it (it would
     wait out its own bootstrap timeout, minutes). JSON or a stream's events, native or OpenAI."""
     if b"abort" not in payload and b'"error"' not in payload:
-        return None  # the common case, decided without parsing
+        return None  # decided without parsing
     for part in payload.split(b"\n\n") if payload.startswith(b"data:") else [payload]:
         part = part.removeprefix(b"data:").strip()
         try:
