@@ -33,15 +33,21 @@ def prepare(base: Path, sglang_argv: list[str], orphan_tmp_age: float) -> tuple[
     from pdcluster.worker.options import sglang_parser
 
     ns = sglang_parser().parse_args(sglang_argv)
-    base.mkdir(parents=True, exist_ok=True)
-    weights, pin = resolve_weights(ns.model_path, ns.revision, DigestCache(base / namespace.DIGEST_CACHE))
-    identity = kv_identity(ns, weights)
-    fp = fingerprint(identity)
+    fp, identity, pin = resolve_namespace(base, ns)
     path, fd, removed = namespace.open_namespace(base, fp, identity, ns.model_path, orphan_tmp_age)
     files = sum(1 for name in os.listdir(path) if name.endswith(".bin"))
     extra = ["--revision", pin] if pin and pin != ns.revision else []
     note = f"KV namespace {path} ({files} pages stored; {removed} orphan temp files removed)"
     return {STORAGE_DIR_ENV: str(path)}, extra, fd, note
+
+
+def resolve_namespace(base: Path, ns: argparse.Namespace) -> tuple[str, dict[str, Any], str | None]:
+    """(fingerprint, the identity it hashes, the hub commit SGLang must be pinned to) of the namespace SGLang's
+    options `ns` use. The worker launcher registers the same fingerprint (pdcluster/worker/checks.py)."""
+    base.mkdir(parents=True, exist_ok=True)
+    weights, pin = resolve_weights(ns.model_path, ns.revision, DigestCache(base / namespace.DIGEST_CACHE))
+    identity = kv_identity(ns, weights)
+    return fingerprint(identity), identity, pin
 
 
 def resolve_weights(model_path: str, revision: str | None, cache: DigestCache) -> tuple[dict[str, Any], str | None]:
