@@ -32,6 +32,8 @@ HEALTH_PROBE_TIMEOUT = 25.0
 # a dead one (a stuck or stopped one uses next to none; an idle one with sleep-on-idle ~0.03; one in a forward pass
 # a core or more, though less on a machine its cores are shared on).
 BUSY_CORES = 0.1
+# A registration the bootstrap service keeps refusing is logged again after this many seconds, not at every heartbeat.
+REFUSAL_REMINDER = 60.0
 
 
 def forward_tokens(server_info: dict, context_length: int | None) -> int | None:
@@ -60,6 +62,8 @@ class Registrar:
         self._threads = [threading.Thread(target=self._probe_loop, name="health-probe", daemon=True),
                          threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)]
         self._sglang: psutil.Process | None = None
+        self._last_refusal: tuple[int, str] | None = None  # the last refusal logged, and when (REFUSAL_REMINDER)
+        self._refusal_logged = 0.0
 
     def start(self, proc: subprocess.Popen | None = None) -> None:
         if proc is not None:
@@ -163,13 +167,32 @@ class Registrar:
                                     content=self.registration.model_dump_json(),
                                     headers={"content-type": "application/json"})
         if response.status_code >= 400:
-            log.error("bootstrap service refused registration (%s): %s", response.status_code, response.text)
+            self._refused(response)
             return
         self.registered = True
+        self._last_refusal = None
         incompatible = response.json().get("incompatible")
         if incompatible:
             log.warning("%s cannot be paired: %s", self.registration.worker_id, incompatible)
         log.info("registered %s as %s", self.registration.worker_id, self.registration.url)
+
+    def _refused(self, response: httpx.Response) -> None:
+        """A refusal (a bad token, a KV secret that differs from its namespace's other workers', ...) is logged as an
+        error once, and again every REFUSAL_REMINDER seconds while it lasts, not at every heartbeat; the heartbeats
+        keep asking, so the worker joins once the cause is gone (e.g. the namespace's other workers stopped). SGLang
+        keeps running meanwhile, unused: the routers never hear of it."""
+        try:
+            reason = str(response.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            reason = response.text[:500]
+        refusal, now = (response.status_code, reason), time.monotonic()
+        if refusal == self._last_refusal and now - self._refusal_logged < REFUSAL_REMINDER:
+            log.debug("registration refused again (%s)", response.status_code)
+            return
+        self._last_refusal, self._refusal_logged = refusal, now
+        log.error("bootstrap service refused to register %s (%s): %s; the worker gets no traffic until it accepts "
+                  "(asking again every %ss)", self.registration.worker_id, response.status_code, reason,
+                  self.plan.cluster.heartbeat_interval)
 
     def _heartbeat_loop(self) -> None:
         while not self._serving.is_set():
