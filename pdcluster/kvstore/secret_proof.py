@@ -13,6 +13,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+# The file the kvstore launch step writes the namespace and proof to (launch.announce), for the worker launcher that
+# named it (pdcluster/worker/registrar.py): a launcher must not resolve the weights a second time, nor guess.
+MEMBERSHIP_ENV = "PDCLUSTER_KV_MEMBERSHIP_FILE"
 # Versioned: a future change of the message makes a new proof, never one that collides with this one's.
 MESSAGE = "pdcluster kv secret proof v1\0{namespace}"
 

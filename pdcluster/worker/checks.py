@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import shutil
 import socket
@@ -13,11 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pdcluster.config_file import ConfigError
-from pdcluster.kvstore import launch, wiring
-from pdcluster.kvstore.page_seal import SecretError, load_secret
-from pdcluster.kvstore.secret_proof import secret_proof
-from pdcluster.protocol import KVStoreMembership, WorkerCapabilities
-from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
+from pdcluster.kvstore import wiring
+from pdcluster.protocol import WorkerCapabilities
+from pdcluster.worker.settings import ClusterSettings
 
 # Hugging Face hub ids look like "org/name"; anything else is taken as a local path.
 _HUB_ID_PARTS = 2
@@ -131,17 +128,3 @@ def capabilities(ns: argparse.Namespace, cpu: bool) -> WorkerCapabilities:
                           f"intel_xpu, none of which runs on a CPU)")
     return WorkerCapabilities(tool_call_parser=ns.tool_call_parser, reasoning_parser=ns.reasoning_parser,
                               deterministic_inference=deterministic)
-
-
-def kv_store_membership(ns: argparse.Namespace, stored: KVStoreSettings, env: dict[str, str]) -> KVStoreMembership:
-    """The namespace the worker will use (computed as the kv_store launch step computes it, from the same options; the
-    weights' digests it reads are cached for that step) and proof of the secret SGLang's storage will seal with: the
-    one its extra config names, else $PDCLUSTER_KV_SECRET in SGLang's environment `env`."""
-    base = Path(os.path.abspath(os.path.expanduser(stored.dir)))
-    try:
-        fp = launch.resolve_namespace(base, ns)[0]
-        extra = json.loads(ns.hicache_storage_backend_extra_config or "{}")
-        secret = load_secret(extra.get("secret_file"), env)
-    except (launch.LaunchError, SecretError, OSError) as exc:
-        raise ConfigError(f"kv_store: {exc}") from None
-    return KVStoreMembership(namespace=fp, secret_proof=secret_proof(secret, fp))

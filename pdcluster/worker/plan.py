@@ -144,9 +144,6 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     final_env, env_added = environment.sglang_env(cluster, ns, advertise, cores, stored,
                                                   rules.CPU_ENV if cpu else None, env)
     registration = _registration(role, cluster, ns, advertise, kv_bootstrap_port, checks.capabilities(ns, cpu))
-    if stored is not None:
-        membership = checks.kv_store_membership(ns, stored, final_env)
-        registration = registration.model_copy(update={"kv_store": membership})
     return LaunchPlan(role, _command(role, options, stored, cores), final_env, env_added, cluster, registration, cpu)
 
 

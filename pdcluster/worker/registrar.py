@@ -13,13 +13,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import subprocess
+import tempfile
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import httpx
 import psutil
 
-from pdcluster.protocol import Role
+from pdcluster.kvstore.secret_proof import MEMBERSHIP_ENV
+from pdcluster.protocol import KVStoreMembership, Role
 from pdcluster.worker.plan import LaunchPlan
 
 log = logging.getLogger("pdcluster.worker")
@@ -62,8 +66,14 @@ class Registrar:
         self._threads = [threading.Thread(target=self._probe_loop, name="health-probe", daemon=True),
                          threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)]
         self._sglang: psutil.Process | None = None
+        # Where the kvstore launch step writes the KV namespace and secret proof this worker registers (child_env).
+        self.kv_store_file = Path(tempfile.gettempdir()) / f"pdcluster-kv-{uuid.uuid4().hex}.json"
         self._last_refusal: tuple[int, str] | None = None  # the last refusal logged, and when (REFUSAL_REMINDER)
         self._refusal_logged = 0.0
+
+    def child_env(self) -> dict[str, str]:
+        """What SGLang's command gets in its environment for the registrar (the kvstore launch step pops it)."""
+        return {MEMBERSHIP_ENV: str(self.kv_store_file)}
 
     def start(self, proc: subprocess.Popen | None = None) -> None:
         if proc is not None:
@@ -102,6 +112,7 @@ class Registrar:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.kv_store_file.unlink(missing_ok=True)
         if self.registered:
             try:
                 self.service.delete(f"/v1/workers/{self.registration.worker_id}")
@@ -161,8 +172,22 @@ class Registrar:
                         "(400) by the router. More free RAM (or GPU memory) at start, or a larger "
                         "--max-total-tokens, lifts this.", pool, self.registration.context_length, reserved, budget)
 
+    def _read_kv_store(self) -> None:
+        """The KV namespace and secret proof the kvstore launch step wrote before SGLang started (none: the worker
+        keeps no KV on disk), read once, before the first registration."""
+        if self.registration.kv_store is not None or not self.kv_store_file.exists():
+            return
+        try:
+            membership = KVStoreMembership.model_validate_json(self.kv_store_file.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("the KV store's namespace is unreadable (%s): its secret is not checked against the other "
+                        "workers'", exc)
+            return
+        self.registration = self.registration.model_copy(update={"kv_store": membership})
+
     def _register(self) -> None:
         self._read_kv_pool()
+        self._read_kv_store()
         response = self.service.put(f"/v1/workers/{self.registration.worker_id}",
                                     content=self.registration.model_dump_json(),
                                     headers={"content-type": "application/json"})

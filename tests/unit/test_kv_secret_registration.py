@@ -1,21 +1,25 @@
-"""What a worker with a KV store registers (pdcluster/worker/checks.py): the namespace its SGLang will use, and a
-keyed proof of the cluster secret it seals pages with, which the bootstrap service compares between the namespace's
-workers (tests/unit/test_bootstrap_kv_secret.py). Never the secret."""
+"""What a worker with a KV store registers: the namespace its SGLang uses and a keyed proof of the cluster secret it
+seals pages with, which the bootstrap service compares between the namespace's workers
+(tests/unit/test_bootstrap_kv_secret.py). Never the secret. The kvstore launch step decides both, from SGLang's very
+options and environment, and hands them to the launcher's registrar in a file."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import decode.plan
 import prefill.plan
 from pdcluster.kvstore import launch
-from pdcluster.kvstore.secret_proof import secret_proof
-from pdcluster.protocol import Role
-from pdcluster.worker.plan import LaunchPlan, build_plan
+from pdcluster.kvstore.secret_proof import MEMBERSHIP_ENV, secret_proof
+from pdcluster.protocol import Role, WorkerRegistration
+from pdcluster.worker.plan import build_plan
+from pdcluster.worker.registrar import Registrar
+from tests.unit.test_bootstrap_kv_secret import NS, kv_worker
 
 RULES = {Role.PREFILL: prefill.plan, Role.DECODE: decode.plan}
 SECRET = "do-not-register-me"
@@ -28,47 +32,54 @@ def model_dir(tmp_path: Path) -> str:
     return str(tmp_path / "model")
 
 
-def kv_plan(tmp_path: Path, model_dir: str, role: Role = Role.PREFILL, env: dict[str, str] | None = None,
-            **kv: object) -> LaunchPlan:
+def announced(tmp_path: Path, model_dir: str, monkeypatch, role: Role = Role.PREFILL, **kv: object) -> dict:
+    """The worker's plan as the launcher decides it, then the launch step's preparation of it: what it announces."""
     config = tmp_path / "worker.yaml"
-    kv = {"dir": str(tmp_path / "kv"), **kv}
-    config.write_text(f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n  kv_store: {json.dumps(kv)}\n")
-    return build_plan(RULES[role], str(config), [], env={"PATH": "/usr/bin", **(env or {})})
-
-
-def secret_file(tmp_path: Path, value: str, name: str = "kv-secret") -> str:
-    (tmp_path / name).write_text(f"{value}\n")
-    return str(tmp_path / name)
-
-
-def test_the_registered_namespace_is_the_one_sglang_will_use(tmp_path, model_dir):
-    p = kv_plan(tmp_path, model_dir, secret_file=secret_file(tmp_path, SECRET))
-    command = p.command[p.command.index("--") + 1:]
+    config.write_text(f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n"
+                      f"  kv_store: {json.dumps({'dir': str(tmp_path / 'kv'), **kv})}\n")
+    command = build_plan(RULES[role], str(config), [], env={"PATH": "/usr/bin"}).command
+    target = tmp_path / f"membership-{role.value}.json"
+    monkeypatch.setenv(MEMBERSHIP_ENV, str(target))
     env, _extra, fd, _note = launch.prepare(tmp_path / "kv", command[command.index("sglang.launch_server") + 1:], 60)
     os.close(fd)
-    assert p.registration.kv_store is not None
-    assert p.registration.kv_store.namespace == Path(env[launch.STORAGE_DIR_ENV]).name
-    decode_side = kv_plan(tmp_path, model_dir, Role.DECODE, secret_file=secret_file(tmp_path, SECRET))
-    assert decode_side.registration.kv_store == p.registration.kv_store, "the decode offloads into the same pages"
+    assert MEMBERSHIP_ENV not in os.environ, "SGLang never sees it"
+    text = target.read_text()
+    assert SECRET not in text and SECRET.encode().hex() not in text
+    return {**json.loads(text), "storage": Path(env[launch.STORAGE_DIR_ENV]).name}
 
 
-def test_the_proof_is_the_same_for_the_same_secret_and_never_the_secret(tmp_path, model_dir):
-    by_file = kv_plan(tmp_path, model_dir, secret_file=secret_file(tmp_path, SECRET)).registration
-    by_env = kv_plan(tmp_path, model_dir, env={"PDCLUSTER_KV_SECRET": SECRET}).registration
-    other = kv_plan(tmp_path, model_dir, secret_file=secret_file(tmp_path, "another", "other")).registration
-    none = kv_plan(tmp_path, model_dir).registration
-    assert by_file.kv_store and by_env.kv_store and other.kv_store and none.kv_store
-    namespace = by_file.kv_store.namespace
-    assert by_file.kv_store.secret_proof == by_env.kv_store.secret_proof == secret_proof(SECRET.encode(), namespace)
-    assert other.kv_store.secret_proof not in (None, by_file.kv_store.secret_proof)
-    assert none.kv_store.secret_proof is None and none.kv_store.namespace == namespace
-    for registration in (by_file, by_env):
-        sent = registration.model_dump_json()
-        assert SECRET not in sent and SECRET.encode().hex() not in sent
+def test_the_launch_step_announces_the_namespace_sglang_uses_and_the_proof_of_its_secret(tmp_path, model_dir,
+                                                                                          monkeypatch):
+    (tmp_path / "secret").write_text(f"{SECRET}\n")
+    prefill_side = announced(tmp_path, model_dir, monkeypatch, secret_file=str(tmp_path / "secret"))
+    namespace = prefill_side["namespace"]
+    assert namespace == prefill_side["storage"]
+    assert prefill_side["secret_proof"] == secret_proof(SECRET.encode(), namespace)
+    decode_side = announced(tmp_path, model_dir, monkeypatch, Role.DECODE, secret_file=str(tmp_path / "secret"))
+    assert decode_side == prefill_side, "the decode offloads into the same pages, with the same secret"
+    monkeypatch.setenv("PDCLUSTER_KV_SECRET", SECRET)
+    assert announced(tmp_path, model_dir, monkeypatch) == prefill_side, "the secret from the environment proves alike"
+    monkeypatch.delenv("PDCLUSTER_KV_SECRET")
+    (tmp_path / "other").write_text("another")
+    other = announced(tmp_path, model_dir, monkeypatch, secret_file=str(tmp_path / "other"))
+    assert other["namespace"] == namespace and other["secret_proof"] not in (None, prefill_side["secret_proof"])
+    assert announced(tmp_path, model_dir, monkeypatch)["secret_proof"] is None
 
 
-def test_a_worker_that_keeps_no_kv_on_disk_registers_no_namespace(tmp_path, model_dir):
-    assert kv_plan(tmp_path, model_dir, Role.DECODE, decode_offload=False).registration.kv_store is None
-    config = tmp_path / "plain.yaml"
-    config.write_text(f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
-    assert build_plan(prefill.plan, str(config), [], env={"PATH": "/usr/bin"}).registration.kv_store is None
+def test_the_registrar_registers_what_the_launch_step_announced(tmp_path, caplog):
+    plan = SimpleNamespace(registration=WorkerRegistration.model_validate(kv_worker("p1", None) | {"kv_store": None}),
+                           cluster=SimpleNamespace(resolved_token=lambda: None, bootstrap_url=None))
+    made = Registrar(plan)  # type: ignore[arg-type]
+    assert made.child_env() == {MEMBERSHIP_ENV: str(made.kv_store_file)}
+    made._read_kv_store()
+    assert made.registration.kv_store is None, "no file: the worker keeps no KV on disk"
+    made.kv_store_file.write_text("{not json")
+    made._read_kv_store()
+    assert made.registration.kv_store is None and "its secret is not checked" in caplog.text
+    made.kv_store_file.write_text(json.dumps({"namespace": NS, "secret_proof": secret_proof(b"s", NS)}))
+    made._read_kv_store()
+    assert made.registration.kv_store is not None and made.registration.kv_store.namespace == NS
+    assert made.registration.kv_store.secret_proof == secret_proof(b"s", NS)
+    made._threads = []  # never started here
+    made.stop()
+    assert not made.kv_store_file.exists(), "nothing left in the temporary directory"
