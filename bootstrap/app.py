@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 
 from bootstrap.config import BootstrapConfig
-from bootstrap.registry import Registry
+from bootstrap.registry import Refused, Registry
 from pdcluster.http import ApiError, check_bearer, first_validation_problem, install_error_handlers, read_json_object
 from pdcluster.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration, from_newer
 
@@ -110,7 +110,11 @@ def _add_worker_routes(app: FastAPI, registry: Registry, token: str | None, pars
         if registration.worker_id != worker_id:
             raise ApiError(400, f"worker_id {registration.worker_id!r} does not match the URL's {worker_id!r}",
                            "worker_id")
-        row = await registry.register(registration)
+        try:
+            row = await registry.register(registration)
+        except Refused as exc:
+            log.warning("registration of %s refused: %s", worker_id, exc)
+            raise ApiError(409, str(exc), "kv_store") from None
         return {"worker": row.model_dump(mode="json"), "incompatible": row.incompatible}
 
     @app.post("/v1/workers/{worker_id}/heartbeat")

@@ -25,6 +25,32 @@ def incompatibility(worker: WorkerRegistration, others: list[WorkerRegistration]
     return f"no compatible {others[0].role.value}: " + "; ".join(diffs)
 
 
+class Refused(Exception):
+    """A registration the service will not take; the message says why (never anything secret)."""
+
+
+def kv_secret_conflict(worker: WorkerRegistration, live: list[WorkerRegistration]) -> str:
+    """Why `worker` may not join its KV namespace beside the `live` workers (the others registered): their proofs of
+    the cluster secret differ, so each would take the other's pages for damaged ones, recompute every hit and remove
+    them. Empty when it may: no KV store, a namespace nobody else holds, or the same proof."""
+    mine = worker.kv_store
+    if mine is None:
+        return ""
+    differing = [o for o in live if o.kv_store is not None and o.kv_store.namespace == mine.namespace
+                 and o.kv_store.secret_proof != mine.secret_proof]
+    if not differing:
+        return ""
+    others = f"the other workers of KV namespace {mine.namespace} ({', '.join(sorted(o.worker_id for o in differing))})"
+    if mine.secret_proof is None:
+        problem = f"no kv secret is set, but {others} have one"
+    elif all(o.kv_store and o.kv_store.secret_proof is None for o in differing):
+        problem = f"a kv secret is set, but {others} have none"
+    else:
+        problem = f"kv secret differs from {others}"
+    return (f"{problem}: each would take the other's pages for damaged ones. Give every worker of the namespace the "
+            f"same kv_store.secret_file or $PDCLUSTER_KV_SECRET (or none), or stop the others first")
+
+
 class Registry:
     def __init__(self, ttl_seconds: float):
         self.ttl = ttl_seconds
@@ -40,6 +66,11 @@ class Registry:
             self._changed.notify_all()
 
     async def register(self, registration: WorkerRegistration) -> WorkerStatus:
+        """Refused when its KV secret differs from that of its namespace's listed workers (until they leave or
+        expire); its own earlier entry does not count: a restart may change the secret of a worker alone there."""
+        others = [s.registration for wid, s in self._workers.items() if wid != registration.worker_id]
+        if conflict := kv_secret_conflict(registration, others):
+            raise Refused(conflict)
         now = time.time()
         previous = self._workers.get(registration.worker_id)
         self._workers[registration.worker_id] = WorkerStatus(

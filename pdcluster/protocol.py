@@ -50,6 +50,15 @@ class WorkerCapabilities(_Strict):
     deterministic_inference: bool = False
 
 
+class KVStoreMembership(_Strict):
+    """The KV namespace a worker reads and writes pages in (pdcluster/kvstore/), and proof of the cluster secret it
+    seals them with: the bootstrap service refuses a worker whose proof differs from its namespace's other workers'."""
+
+    namespace: str = Field(pattern=r"^[0-9a-f]{16}$")  # the namespace's fingerprint, its directory's name
+    # HMAC-SHA256 keyed by the secret (pdcluster/kvstore/secret_proof.py), never the secret; None: no secret.
+    secret_proof: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+
 class WorkerRegistration(_Strict):
     """Sent by a worker's launcher to the bootstrap service once its SGLang server answers."""
 
@@ -73,6 +82,8 @@ class WorkerRegistration(_Strict):
     # Made by the launcher at each start: routers check a new instance (a restarted worker) before it gets traffic.
     instance_id: str | None = Field(default=None, max_length=64)
     capabilities: WorkerCapabilities = Field(default_factory=WorkerCapabilities)
+    # None: the worker keeps no KV on disk (or is an older launcher, which says nothing of it).
+    kv_store: KVStoreMembership | None = None
 
     @model_validator(mode="after")
     def _prefill_has_bootstrap(self) -> WorkerRegistration:

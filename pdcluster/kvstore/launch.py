@@ -10,6 +10,7 @@ exit status 2, as for the launcher's own checks.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -20,6 +21,8 @@ from typing import Any
 from pdcluster.config_file import ConfigError
 from pdcluster.kvstore import namespace
 from pdcluster.kvstore.fingerprint import DigestCache, fingerprint, kv_identity, weights_identity
+from pdcluster.kvstore.page_seal import SecretError, load_secret
+from pdcluster.kvstore.secret_proof import MEMBERSHIP_ENV, secret_proof
 
 STORAGE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 
@@ -37,11 +40,24 @@ def prepare(base: Path, sglang_argv: list[str], orphan_tmp_age: float) -> tuple[
     weights, pin = resolve_weights(ns.model_path, ns.revision, DigestCache(base / namespace.DIGEST_CACHE))
     identity = kv_identity(ns, weights)
     fp = fingerprint(identity)
+    announce(fp, ns)
     path, fd, removed = namespace.open_namespace(base, fp, identity, ns.model_path, orphan_tmp_age)
     files = sum(1 for name in os.listdir(path) if name.endswith(".bin"))
     extra = ["--revision", pin] if pin and pin != ns.revision else []
     note = f"KV namespace {path} ({files} pages stored; {removed} orphan temp files removed)"
     return {STORAGE_DIR_ENV: str(path)}, extra, fd, note
+
+
+def announce(fp: str, ns: argparse.Namespace) -> None:
+    """Tell the worker launcher, which registers it (pdcluster/worker/registrar.py), the namespace and the proof of
+    the secret SGLang's storage will load (its extra config's secret_file, else $PDCLUSTER_KV_SECRET): the bootstrap
+    service admits a namespace's workers only with one secret. Decided here, from what SGLang really gets."""
+    target = os.environ.pop(MEMBERSHIP_ENV, None)
+    if not target:
+        return  # started by hand, not by a registering launcher
+    extra = json.loads(ns.hicache_storage_backend_extra_config or "{}")
+    secret = load_secret(extra.get("secret_file") if isinstance(extra, dict) else None)
+    Path(target).write_text(json.dumps({"namespace": fp, "secret_proof": secret_proof(secret, fp)}))
 
 
 def resolve_weights(model_path: str, revision: str | None, cache: DigestCache) -> tuple[dict[str, Any], str | None]:
@@ -104,7 +120,7 @@ def main(argv: list[str]) -> int:
     try:
         env, extra, fd, note = prepare(Path(args.dir), sglang_argv, args.orphan_tmp_age)
         seconds = build_page_hash_extension()
-    except (LaunchError, ConfigError, OSError, ValueError) as exc:
+    except (LaunchError, ConfigError, SecretError, OSError, ValueError) as exc:
         print(f"{args.role}: error: kv_store: {exc}", file=sys.stderr, flush=True)
         return 2
     print(f"{args.role}: {note}; page-hash extension ready in {seconds:.1f}s", file=sys.stderr, flush=True)

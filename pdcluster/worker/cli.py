@@ -66,7 +66,8 @@ def run_plan(plan: LaunchPlan) -> int:
     role = plan.role
     log.info("starting SGLang %s%s: %s", role.value, " (CPU profile)" if plan.cpu else "", plan.describe())
     registrar = Registrar(plan) if plan.cluster.bootstrap_url else None
-    supervisor = Supervisor(plan.command, plan.env, plan.cluster.resolved_grace_period(),
+    env = {**plan.env, **registrar.child_env()} if registrar else plan.env
+    supervisor = Supervisor(plan.command, env, plan.cluster.resolved_grace_period(),
                             on_stop=registrar.leave_pools if registrar else lambda: None)
     code = supervisor.run(while_running=registrar.start if registrar else None)
     if registrar:

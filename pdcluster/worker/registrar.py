@@ -13,13 +13,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import subprocess
+import tempfile
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import httpx
 import psutil
 
-from pdcluster.protocol import Role
+from pdcluster.kvstore.secret_proof import MEMBERSHIP_ENV
+from pdcluster.protocol import KVStoreMembership, Role
 from pdcluster.worker.plan import LaunchPlan
 
 log = logging.getLogger("pdcluster.worker")
@@ -32,6 +36,8 @@ HEALTH_PROBE_TIMEOUT = 25.0
 # a dead one (a stuck or stopped one uses next to none; an idle one with sleep-on-idle ~0.03; one in a forward pass
 # a core or more, though less on a machine its cores are shared on).
 BUSY_CORES = 0.1
+# A registration the bootstrap service keeps refusing is logged again after this many seconds, not at every heartbeat.
+REFUSAL_REMINDER = 60.0
 
 
 def forward_tokens(server_info: dict, context_length: int | None) -> int | None:
@@ -60,6 +66,14 @@ class Registrar:
         self._threads = [threading.Thread(target=self._probe_loop, name="health-probe", daemon=True),
                          threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)]
         self._sglang: psutil.Process | None = None
+        # Where the kvstore launch step writes the KV namespace and secret proof this worker registers (child_env).
+        self.kv_store_file = Path(tempfile.gettempdir()) / f"pdcluster-kv-{uuid.uuid4().hex}.json"
+        self._last_refusal: tuple[int, str] | None = None  # the last refusal logged, and when (REFUSAL_REMINDER)
+        self._refusal_logged = 0.0
+
+    def child_env(self) -> dict[str, str]:
+        """What SGLang's command gets in its environment for the registrar (the kvstore launch step pops it)."""
+        return {MEMBERSHIP_ENV: str(self.kv_store_file)}
 
     def start(self, proc: subprocess.Popen | None = None) -> None:
         if proc is not None:
@@ -98,6 +112,7 @@ class Registrar:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.kv_store_file.unlink(missing_ok=True)
         if self.registered:
             try:
                 self.service.delete(f"/v1/workers/{self.registration.worker_id}")
@@ -157,19 +172,52 @@ class Registrar:
                         "(400) by the router. More free RAM (or GPU memory) at start, or a larger "
                         "--max-total-tokens, lifts this.", pool, self.registration.context_length, reserved, budget)
 
+    def _read_kv_store(self) -> None:
+        """The KV namespace and secret proof the kvstore launch step wrote before SGLang started (none: the worker
+        keeps no KV on disk), read once, before the first registration."""
+        if self.registration.kv_store is not None or not self.kv_store_file.exists():
+            return
+        try:
+            membership = KVStoreMembership.model_validate_json(self.kv_store_file.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("the KV store's namespace is unreadable (%s): its secret is not checked against the other "
+                        "workers'", exc)
+            return
+        self.registration = self.registration.model_copy(update={"kv_store": membership})
+
     def _register(self) -> None:
         self._read_kv_pool()
+        self._read_kv_store()
         response = self.service.put(f"/v1/workers/{self.registration.worker_id}",
                                     content=self.registration.model_dump_json(),
                                     headers={"content-type": "application/json"})
         if response.status_code >= 400:
-            log.error("bootstrap service refused registration (%s): %s", response.status_code, response.text)
+            self._refused(response)
             return
         self.registered = True
+        self._last_refusal = None
         incompatible = response.json().get("incompatible")
         if incompatible:
             log.warning("%s cannot be paired: %s", self.registration.worker_id, incompatible)
         log.info("registered %s as %s", self.registration.worker_id, self.registration.url)
+
+    def _refused(self, response: httpx.Response) -> None:
+        """A refusal (a bad token, a KV secret that differs from its namespace's other workers', ...) is logged as an
+        error once, and again every REFUSAL_REMINDER seconds while it lasts, not at every heartbeat; the heartbeats
+        keep asking, so the worker joins once the cause is gone (e.g. the namespace's other workers stopped). SGLang
+        keeps running meanwhile, unused: the routers never hear of it."""
+        try:
+            reason = str(response.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            reason = response.text[:500]
+        refusal, now = (response.status_code, reason), time.monotonic()
+        if refusal == self._last_refusal and now - self._refusal_logged < REFUSAL_REMINDER:
+            log.debug("registration refused again (%s)", response.status_code)
+            return
+        self._last_refusal, self._refusal_logged = refusal, now
+        log.error("bootstrap service refused to register %s (%s): %s; the worker gets no traffic until it accepts "
+                  "(asking again every %ss)", self.registration.worker_id, response.status_code, reason,
+                  self.plan.cluster.heartbeat_interval)
 
     def _heartbeat_loop(self) -> None:
         while not self._serving.is_set():

@@ -36,7 +36,8 @@ class KVStoreSettings(BaseModel):
     orphan_tmp_age: float = Field(default=600.0, ge=0)
     # A file holding the cluster secret (any bytes; surrounding whitespace ignored). With it, every page is sealed with
     # an HMAC keyed by it, so a page written by anyone without it is never served. null: $PDCLUSTER_KV_SECRET if set,
-    # else pages are sealed unkeyed (integrity only). Every worker sharing a namespace needs the same secret.
+    # else pages are sealed unkeyed (integrity only). Every worker sharing a namespace needs the same secret (the
+    # bootstrap service refuses one whose secret differs: pdcluster/kvstore/secret_proof.py).
     secret_file: str | None = None
 
     @model_validator(mode="before")

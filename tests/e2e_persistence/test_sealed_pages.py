@@ -6,8 +6,9 @@ again with the prefill's memory flushed, every answer is token for token the und
 rejected once with its reason on the prefill's /metrics, and the pages were written again, sealed, and serve the
 next request from disk.
 
-One prefill restart (to give it the secret), on whatever model the cluster runs (the decode stays up; it writes no
-page here: 8 generated tokens complete none).
+One restart of both workers (to give them the secret), on whatever model the cluster runs: the decode writes no page
+here (8 generated tokens complete none), but it shares the prefill's namespace, whose workers the bootstrap service
+admits only with one secret (bootstrap/registry.py).
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def flush(pc) -> None:
 
 
 def test_damaged_pages_never_change_an_answer(pc, reference, secret_file):
-    pc.ensure({"prefill-0": ("--cluster", f"kv_store.secret_file={secret_file}"), "decode-0": ()},
-              model=pc.model_target())
+    with_secret = ("--cluster", f"kv_store.secret_file={secret_file}")
+    pc.ensure({"prefill-0": with_secret, "decode-0": with_secret}, model=pc.model_target())
     tok = reference.tokenizer
     prompts = {f"{name}-{i}": prompt_ids(tok, f"sealed-{name}-{i}", 600) for name in ["donor", *DAMAGES]
                for i in range(1 if name == "donor" else 2)}

@@ -156,3 +156,34 @@ def test_the_largest_forward_pass_is_registered():
         made.registration = WorkerRegistration.model_validate(registration("p", role="prefill", url=sglang.url))
         made._read_kv_pool()
     assert made.registration.forward_tokens == 4096
+
+
+def test_a_worker_refused_for_its_kv_secret_says_why_once_and_joins_when_the_namespace_is_free(caplog):
+    """The bootstrap service refuses a worker whose KV secret differs from its namespace's other workers (409,
+    bootstrap/registry.py): the launcher logs the reason as one error, not one per heartbeat, keeps asking, and is
+    registered as soon as the namespace's other workers are gone."""
+    from bootstrap.app import create_app as create_bootstrap
+    from bootstrap.config import BootstrapConfig
+    from tests.unit.test_bootstrap_kv_secret import NS, kv_worker
+
+    with ServerThread(create_bootstrap(BootstrapConfig())) as service:
+        assert httpx.put(f"{service.url}/v1/workers/p1", json=kv_worker("p1", b"old")).status_code == 200
+        made = registrar("http://127.0.0.1:9")
+        made.plan.cluster.bootstrap_url, made.plan.cluster.heartbeat_interval = service.url, 0.05
+        made.service = httpx.Client(base_url=service.url, timeout=3.0)
+        made.registration = WorkerRegistration.model_validate(kv_worker("p2", b"new") | {"kv_pool_tokens": 4096})
+        made._serving.set()
+        made._threads[1].start()
+        try:
+            assert until(lambda: "refused to register p2 (409)" in caplog.text)
+            time.sleep(0.5)  # ten more refused heartbeats
+            errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+            assert len(errors) == 1 and not made.registered, errors
+            assert f"kv secret differs from the other workers of KV namespace {NS} (p1)" in errors[0]
+            assert "the worker gets no traffic until it accepts" in errors[0]
+            httpx.delete(f"{service.url}/v1/workers/p1")
+            assert until(lambda: made.registered)
+            workers = httpx.get(f"{service.url}/v1/workers").json()["workers"]
+            assert [w["registration"]["worker_id"] for w in workers] == ["p2"]
+        finally:
+            made._stop.set()
