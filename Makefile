@@ -6,7 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU machines get Mooncake's non-CUDA build; a machine with an NVIDIA driver gets the CUDA one. Never both.
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
-APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap
+# prometheus: the real Prometheus that tests/e2e/test_prometheus.py scrapes the test cluster with (the binary only:
+# nothing starts it as a service).
+APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap prometheus
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
 	bench-persistence bench-kv-handoff clean

@@ -141,6 +141,9 @@ class RouterConfig(BaseModel):
     # Answers name the pair that served them (X-Pdcluster-Prefill/-Decode) only when this is on: worker ids are
     # internal names of the cluster.
     expose_worker_ids: bool = False
+    # OpenTelemetry spans per request, attempt and leg (router/tracing.py); unset: env PDCLUSTER_TRACING. Where they
+    # go: the OTEL_* variables (pdcluster/otel.py).
+    tracing: bool | None = None
     log_level: str = "warning"
     # json: one JSON object per line (for log pipelines); text: human-readable lines.
     log_format: Literal["json", "text"] = "json"

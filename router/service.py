@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from pdcluster.http import ApiError, check_bearer, parse_json_object
-from router import fanout, openai_answer
+from router import fanout, openai_answer, tracing
 from router.attempt import Attempt, Dispatcher
 from router.config import RouterConfig
 from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
@@ -48,6 +48,7 @@ class PdService:
 
     def __init__(self, config: RouterConfig, pairing: Pairing, metrics: RouterMetrics, api_key: str | None):
         self.config, self.pairing, self.metrics, self.api_key = config, pairing, metrics, api_key
+        self.tracing = tracing.from_config(config)  # None when off: no span is made
 
     def routes(self) -> dict[str, Route]:
         """The edge's PD routes (router/edge.py): each path answered by `answer`."""
@@ -59,6 +60,7 @@ class PdService:
 
     async def answer(self, http: EdgeRequest, route: str) -> Answer | StreamAnswer:
         started = time.monotonic()
+        traced = self.tracing.start(http.headers, route) if self.tracing is not None else None
         request_id = http.headers.get("x-request-id")
         try:
             request_id = client_request_id(request_id) if request_id is not None else new_rid()
@@ -71,6 +73,8 @@ class PdService:
             assert request_id is not None
             answer = error_answer(504, f"request took longer than total_timeout ({self.config.total_timeout}s)")
         answer.headers["x-request-id"] = request_id
+        if traced is not None and self.tracing is not None:
+            self.tracing.finish(traced, answer, request_id)
         self.metrics.requests.labels(route, str(answer.status)).inc()
         streaming = isinstance(answer, StreamAnswer)
         if not streaming:
@@ -113,7 +117,9 @@ class PdService:
                                             "prefill": prefill.url, "decode": decode.url, "stream": request.stream,
                                             "rids": request.rids})
             try:
-                answer = await Attempt(self.dispatcher, request, prefill, decode).answer()
+                attempt = Attempt(self.dispatcher, request, prefill, decode)
+                trace = tracing.current() if self.tracing is not None else None
+                answer = await (attempt.answer() if trace is None else trace.attempt(attempt))
             except HalfFailed as failure:
                 log.warning("attempt failed", extra={"request_id": request_id, "attempt": request.attempt,
                                                      "error": failure.message, "detail": failure.detail,

@@ -50,6 +50,7 @@ class FakeWorker:
     behaviour: Behaviour = field(default_factory=Behaviour)
     received: list[dict] = field(default_factory=list)
     received_at: list[float] = field(default_factory=list)  # time.monotonic() of each
+    received_headers: list[dict[str, str]] = field(default_factory=list)  # each request's headers, lower-cased
     aborted: list[str] = field(default_factory=list)
     healthy: bool = True
     canary_ids: list[int] = field(default_factory=lambda: [1, 2, 3])  # what it answers a router's admission canary
@@ -99,6 +100,7 @@ class FakeWorker:
                 return JSONResponse({"text": "canary", "output_ids": self.canary_ids, "meta_info": {"id": body["rid"]}})
             self.received.append(body)
             self.received_at.append(time.monotonic())
+            self.received_headers.append(dict(request.headers))
             b = self.behaviour.per_request.get(len(self.received), self.behaviour)
             if b.delay:
                 await asyncio.sleep(b.delay)

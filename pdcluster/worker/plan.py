@@ -24,7 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from pdcluster.config_file import ConfigError, load_yaml, validation_message
 from pdcluster.kvstore import wiring
 from pdcluster.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration
-from pdcluster.worker import checks, environment
+from pdcluster.worker import checks, environment, tracing
 from pdcluster.worker.options import SGLangOptions, sglang_parser
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
 
@@ -136,6 +136,7 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     options = _role_options(rules, raw, overrides)
     cpu = cluster.device == "cpu" or (cluster.device == "auto" and not cuda_available())
     _set_defaults(rules, options, cpu, cluster.kv_store)
+    traced_env = tracing.apply(options, cluster.tracing, role.value, os.environ if env is None else env)
     ns = options.parse()
     stored = _check_final(rules, ns, cpu, cluster.kv_store)
     advertise = checks.advertise_address(ns.host, cluster.advertise_host)
@@ -143,6 +144,8 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     cores = checks.check_cpus(cluster)
     final_env, env_added = environment.sglang_env(cluster, ns, advertise, cores, stored,
                                                   rules.CPU_ENV if cpu else None, env)
+    final_env.update(traced_env)  # SGLang reads the protocol from this variable only: the setting decides it
+    env_added.update(traced_env)
     registration = _registration(role, cluster, ns, advertise, kv_bootstrap_port, checks.capabilities(ns, cpu))
     return LaunchPlan(role, _command(role, options, stored, cores), final_env, env_added, cluster, registration, cpu)
 

@@ -73,6 +73,9 @@ class ClusterSettings(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # How long SGLang may take to answer /health before the launcher gives up on it.
     ready_timeout: float = Field(default=900.0, gt=0)
+    # SGLang's OpenTelemetry spans (--enable-trace; pdcluster/worker/tracing.py), sent where the OTEL_* variables
+    # say; unset: env PDCLUSTER_TRACING.
+    tracing: bool | None = None
     # Extra environment for SGLang, e.g. its PD timeouts (SGLANG_DISAGGREGATION_*); the caller's environment wins.
     env: dict[str, str] = {}
     # First port tried for a prefill's SGLang KV bootstrap server when the config does not set one.

@@ -68,6 +68,7 @@ VARIANTS: dict[str, dict] = {
         "persistence": {"enabled": True, "existingClaim": "shared-kv"},
         "modelCache": {"existingClaim": "hf-cache"},
         "metrics": {"serviceMonitor": {"enabled": True}},
+        "tracing": {"enabled": True, "endpoint": "http://otel-collector.observability:4317", "protocol": "grpc"},
         "router": {"ingress": {"enabled": True}},
         "prefill": {"replicas": 2, "config": {"tp-size": 1}}, "decode": {"replicas": 3}}),
 }

@@ -121,3 +121,17 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- define "pdcluster.secretChecksum" -}}
 checksum/secrets: {{ toJson .Values.secrets | sha256sum }}
 {{- end -}}
+
+{{/* The tracing switch and where spans go (values tracing.*), for every component's container. */}}
+{{- define "pdcluster.tracingEnv" -}}
+- name: PDCLUSTER_TRACING
+  value: {{ ternary "1" "0" .Values.tracing.enabled | quote }}
+{{- if .Values.tracing.enabled }}
+{{- with .Values.tracing.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ .Values.tracing.protocol | quote }}
+{{- end }}
+{{- end }}

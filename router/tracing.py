@@ -1,0 +1,215 @@
+"""The router's OpenTelemetry spans, off unless `tracing` (router/config.py) or PDCLUSTER_TRACING turns them on (where
+they go: pdcluster/otel.py). Off, nothing here runs: PdService holds None and no SDK object is made per request.
+
+On, each PD request is a trace of its own or joins the client's (a W3C `traceparent` header):
+  POST <route>   SERVER   the whole answer, a stream's too; its request id and status
+    attempt      INTERNAL one per pair tried: the pair's worker ids, the bootstrap room (SGLang's spans carry it too:
+                          it joins a prefill's trace to its decode's), the outcome, the reason of the retry it is
+      prefill    CLIENT   the prefill's half, until its answer is read; its status
+      decode     CLIENT   the decode's half, until the attempt ends (a stream's last chunk); its status
+Each leg's request carries its own `traceparent`, so SGLang's spans (`--enable-trace`) nest under the leg. Spans are
+made by hand: the PD routes bypass FastAPI (router/edge.py) and the data plane has its own client (router/upstream.py).
+Exports run in the SDK's batch thread: a slow or absent collector costs dropped spans, never a request's time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, cast
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from pdcluster import otel
+from router.edge import Answer, StreamAnswer
+from router.failures import HalfFailed
+from router.upstream import UpstreamClient, UpstreamResponse
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from router.attempt import Attempt
+    from router.config import RouterConfig
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+# The request being answered, for its attempts: set by `start` in the task that answers it (a fan-out's choices
+# inherit it, router/fanout.py), so that no request object carries a field only tracing reads.
+_CURRENT: ContextVar[RequestTrace | None] = ContextVar("pdcluster_request_trace", default=None)
+
+
+def from_config(config: RouterConfig) -> RouterTracing | None:
+    return RouterTracing(span_processor()) if otel.enabled(config.tracing) else None
+
+
+def current() -> RequestTrace | None:
+    return _CURRENT.get()
+
+
+def span_processor() -> SpanProcessor:
+    """The exporter the OTEL_* variables name, behind the SDK's batch processor (its own thread, bounded queue)."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    env = os.environ
+    if (problem := otel.check(env)) is not None:
+        raise ValueError(f"tracing: {problem}")
+    if otel.exporter(env) == "console":
+        return BatchSpanProcessor(ConsoleSpanExporter())
+    protocol = otel.protocol(env)
+    endpoint = otel.traces_endpoint(env, protocol)
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        return BatchSpanProcessor(GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://")))
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    return BatchSpanProcessor(HttpExporter(endpoint=endpoint))
+
+
+class RouterTracing:
+    """The router's tracer: its own provider (not the global one, which FastAPI and libraries would then use)."""
+
+    def __init__(self, processor: SpanProcessor):
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+
+        resource = Resource.create({SERVICE_NAME: otel.service_name(os.environ, "router")})
+        self.provider = TracerProvider(resource=resource)  # flushed at exit (shutdown_on_exit)
+        self.provider.add_span_processor(processor)
+        self.tracer = self.provider.get_tracer("pdcluster.router")
+
+    def start(self, headers: dict[str, str], route: str) -> Token:
+        """The request's server span, parented on the client's `traceparent` if it sent one."""
+        parent = _PROPAGATOR.extract(headers) if "traceparent" in headers else None
+        span = self.tracer.start_span(f"POST {route}", parent, SpanKind.SERVER,
+                                      {"http.request.method": "POST", "http.route": route})
+        return _CURRENT.set(RequestTrace(self.tracer, span))
+
+    def finish(self, token: Token, answer: Answer | StreamAnswer, request_id: str) -> None:
+        """The answer is made: the span ends now, or with the stream."""
+        request = _CURRENT.get()
+        _CURRENT.reset(token)
+        if request is None:
+            return
+        span = request.span
+        span.set_attributes({"pdcluster.request_id": request_id, "http.response.status_code": answer.status})
+        if answer.status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        if isinstance(answer, StreamAnswer):
+            answer.close = _then(answer.close, span.end)
+        else:
+            span.end()
+
+
+def _then(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            first()
+        finally:
+            then()
+    return both
+
+
+class RequestTrace:
+    """One request's server span and what its attempts must know of each other (why the last one failed)."""
+
+    def __init__(self, tracer: trace.Tracer, span: trace.Span):
+        self.tracer, self.span = tracer, span
+        self.context = trace.set_span_in_context(span)
+        self.failed: dict[int, str] = {}  # id(PdRequest) -> its last failed attempt's reason (a fan-out has several)
+
+    async def attempt(self, attempt: Attempt) -> Answer | StreamAnswer:
+        """attempt.answer() inside an attempt span, whose legs the attempt's client (`TracedClient`) traces."""
+        request = attempt.request
+        span = self.tracer.start_span("attempt", self.context, attributes={
+            "pdcluster.attempt": request.attempt, "pdcluster.prefill": attempt.prefill.worker_id,
+            "pdcluster.decode": attempt.decode.worker_id, "pdcluster.bootstrap_room": request.body["bootstrap_room"]})
+        if (reason := self.failed.pop(id(request), None)) is not None:
+            span.set_attribute("pdcluster.retry_reason", reason)
+        client = TracedClient(attempt.d.client, self.tracer, span, attempt)
+        attempt.d = replace(attempt.d, client=cast(UpstreamClient, client))
+        try:
+            answer = await attempt.answer()
+        except HalfFailed as failure:
+            self.failed[id(request)] = failure.message
+            client.end(failure)
+            raise
+        except BaseException:
+            client.end()
+            raise
+        if isinstance(answer, StreamAnswer):
+            answer.close = _then(answer.close, client.end)
+        else:
+            client.end()
+        return answer
+
+
+class TracedClient:
+    """The attempt's view of the data plane's client: each leg's request in a span of its own, whose context its
+    `traceparent` carries; /abort_request calls are events of the attempt."""
+
+    def __init__(self, client: UpstreamClient, tracer: trace.Tracer, span: trace.Span, attempt: Attempt):
+        self.client, self.tracer, self.span, self.attempt = client, tracer, span, attempt
+        self.context = trace.set_span_in_context(span)
+        self.decode_leg: trace.Span | None = None
+        self.ended = False
+
+    async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
+                      headers: dict[str, str] | None = None, *args: Any, **kwargs: Any) -> UpstreamResponse:
+        attempt = self.attempt
+        if path == "/abort_request":
+            self.span.add_event("abort", {"server.address": base_url})
+            return await self.client.request(method, base_url, path, body, headers, *args, **kwargs)
+        worker = attempt.prefill if base_url == attempt.prefill.url else attempt.decode
+        role = worker.role.value
+        leg = self.tracer.start_span(role, self.context, SpanKind.CLIENT, {
+            "pdcluster.role": role, "pdcluster.worker_id": worker.worker_id, "server.address": base_url,
+            "pdcluster.bootstrap_room": attempt.request.body["bootstrap_room"]})
+        carrier = dict(headers or {})
+        _PROPAGATOR.inject(carrier, trace.set_span_in_context(leg))
+        try:
+            response = await self.client.request(method, base_url, path, body, carrier, *args, **kwargs)
+        except BaseException as exc:
+            _failed(leg, exc)
+            leg.end()
+            raise
+        leg.set_attribute("http.response.status_code", response.status)
+        task = asyncio.current_task()
+        if worker is attempt.prefill and task is not None:  # the prefill half's own task: it ends with the half
+            task.add_done_callback(lambda done: _leg_done(leg, done))
+        else:
+            self.decode_leg = leg
+        return response
+
+    def end(self, failure: HalfFailed | None = None) -> None:
+        """The attempt ended (its outcome is set): its span and the decode's leg end; a prefill may trail."""
+        if self.ended:
+            return
+        self.ended = True
+        span, outcome = self.span, self.attempt.outcome
+        if outcome is not None:
+            span.set_attribute("pdcluster.outcome", outcome.ending.value)
+            failure = failure or outcome.failure
+        if failure is not None:
+            span.set_attributes({"pdcluster.failure": failure.message, "pdcluster.retryable": failure.retryable,
+                                 "pdcluster.failed_worker": failure.worker.worker_id})
+            span.set_status(Status(StatusCode.ERROR, failure.message))
+        if self.decode_leg is not None:
+            if failure is not None and failure.worker is self.attempt.decode:
+                _failed(self.decode_leg, failure)
+            self.decode_leg.end()
+        span.end()
+
+
+def _failed(span: trace.Span, exc: BaseException) -> None:
+    span.set_status(Status(StatusCode.ERROR, getattr(exc, "message", None) or repr(exc)))
+
+
+def _leg_done(leg: trace.Span, task: asyncio.Future) -> None:
+    if task.cancelled():
+        leg.set_attribute("pdcluster.cancelled", True)
+    elif (exc := task.exception()) is not None:
+        _failed(leg, exc)
+    leg.end()

@@ -1,0 +1,35 @@
+"""Tracing and scraping in the chart: `tracing.*` reaches every component as PDCLUSTER_TRACING and the OTEL_*
+variables (each names itself: the router and the launchers default service.name to their role), and Prometheus finds
+the router and the workers that serve SGLang's metrics."""
+
+from __future__ import annotations
+
+from tests.unit.helm.chart import container, env_of, render, workloads
+
+COMPONENTS = ("router", "prefill", "decode")
+
+
+def test_tracing_is_off_by_default_and_says_so(rendered):
+    for component in COMPONENTS:
+        env = env_of(container(workloads(rendered["default"])[component]))
+        assert env["PDCLUSTER_TRACING"]["value"] == "0", component
+        assert not {name for name in env if name.startswith("OTEL_")}, component
+
+
+def test_tracing_on_reaches_every_component_with_where_spans_go(chart):
+    docs = render(chart, {"tracing": {"enabled": True, "endpoint": "http://otel:4318"}})
+    for component in COMPONENTS:
+        env = env_of(container(workloads(docs)[component]))
+        assert env["PDCLUSTER_TRACING"]["value"] == "1", component
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel:4318", component
+        assert env["OTEL_EXPORTER_OTLP_PROTOCOL"]["value"] == "http/protobuf", component
+        assert "OTEL_SERVICE_NAME" not in env, component  # one name for all would hide which role a span is from
+
+
+def test_prometheus_scrapes_the_router_and_workers_with_metrics(rendered):
+    for component in COMPONENTS:
+        annotations = workloads(rendered["default"])[component]["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true", component
+        assert annotations["prometheus.io/path"] == "/metrics", component
+    monitors = [d for d in rendered["servicemonitor"] if d["kind"] == "ServiceMonitor"]
+    assert sorted(m["metadata"]["labels"]["app.kubernetes.io/component"] for m in monitors) == sorted(COMPONENTS)

@@ -1,0 +1,141 @@
+"""The router's spans (router/tracing.py) against fake workers: one request is a server span, an attempt span and a
+span per leg, with the pair, the bootstrap room and the outcome; each leg's request carries its own `traceparent` of
+the same trace; a retry is a second attempt span with the reason; tracing off makes no span and sends no header."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from pdcluster import otel
+from router import tracing
+from router.config import RouterConfig
+from tests.fakes import Behaviour, FakeWorker
+from tests.unit.test_router_pd import cluster
+
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+
+
+@pytest.fixture
+def spans(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
+    """Spans land here, at once (the real processor batches them in a thread)."""
+    exporter = InMemorySpanExporter()
+    monkeypatch.setattr(tracing, "span_processor", lambda: SimpleSpanProcessor(exporter))
+    return exporter
+
+
+def finished(exporter: InMemorySpanExporter, count: int) -> dict[str, list[ReadableSpan]]:
+    """The spans by name once `count` have ended (a server span ends after the answer is sent)."""
+    deadline = time.monotonic() + 5
+    while len(exporter.get_finished_spans()) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    by_name: dict[str, list[ReadableSpan]] = {}
+    for span in exporter.get_finished_spans():
+        by_name.setdefault(span.name, []).append(span)
+    return by_name
+
+
+def trace_id(traceparent: str) -> str:
+    return traceparent.split("-")[1]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_is_a_server_span_an_attempt_and_two_legs_and_both_workers_get_its_traceparent(spans, stream):
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(chunks=3))
+    with cluster(prefill, decode, tracing=True) as url:
+        response = httpx.post(f"{url}/generate", json={"text": "hi", "stream": stream},
+                              headers={"traceparent": f"00-{CLIENT_TRACE}-b7ad6b7169203331-01", "x-request-id": "r1"})
+        assert response.status_code == 200
+        by_name = finished(spans, 4)
+    (server,), (attempt,), (p_leg,), (d_leg,) = (by_name[n] for n in ("POST /generate", "attempt", "prefill", "decode"))
+    assert server.context.trace_id == int(CLIENT_TRACE, 16)  # joined the client's trace
+    assert server.parent is not None and server.parent.span_id == int("b7ad6b7169203331", 16)
+    assert server.attributes["pdcluster.request_id"] == "r1"
+    assert server.attributes["http.response.status_code"] == 200
+    assert server.resource.attributes["service.name"] == "router"
+    assert attempt.parent.span_id == server.context.span_id
+    room = decode.received[0]["bootstrap_room"]
+    assert attempt.attributes["pdcluster.prefill"] == "static-prefill-0"
+    assert attempt.attributes["pdcluster.decode"] == "static-decode-0"
+    assert attempt.attributes["pdcluster.bootstrap_room"] == room
+    assert attempt.attributes["pdcluster.outcome"] == "delivered"
+    assert "pdcluster.retry_reason" not in attempt.attributes
+    for leg, worker in ((p_leg, prefill), (d_leg, decode)):
+        assert leg.parent.span_id == attempt.context.span_id
+        assert leg.attributes["http.response.status_code"] == 200
+        assert leg.attributes["pdcluster.bootstrap_room"] == room
+        (headers,) = worker.received_headers
+        assert trace_id(headers["traceparent"]) == CLIENT_TRACE
+        assert headers["traceparent"].split("-")[2] == f"{leg.context.span_id:016x}"  # SGLang's spans nest under it
+    # The server span covers the whole answer, a stream's last chunk included.
+    assert server.end_time >= d_leg.end_time
+
+
+def test_a_retry_is_a_second_attempt_span_with_the_reason(spans):
+    prefill = FakeWorker()
+    decode = FakeWorker(Behaviour(fail_first=1))  # 503 once: retryable, before the first byte
+    with cluster(prefill, decode, tracing=True, retry_backoff=0) as url:
+        response = httpx.post(f"{url}/generate", json={"text": "hi"})
+        assert response.status_code == 200
+        by_name = finished(spans, 7)
+    first, second = sorted(by_name["attempt"], key=lambda s: s.attributes["pdcluster.attempt"])
+    assert first.attributes["pdcluster.outcome"] == "failed before the first byte"
+    assert first.attributes["pdcluster.retryable"] is True
+    assert first.status.status_code.name == "ERROR"
+    assert second.attributes["pdcluster.outcome"] == "delivered"
+    assert second.attributes["pdcluster.retry_reason"] == first.attributes["pdcluster.failure"]
+    assert "503" in second.attributes["pdcluster.retry_reason"]
+    assert len({s.context.trace_id for spans_ in by_name.values() for s in spans_}) == 1
+    assert len(by_name["decode"]) == 2 and len(by_name["prefill"]) == 2
+
+
+def test_a_failed_request_has_an_error_status(spans):
+    prefill, decode = FakeWorker(Behaviour(status=500)), FakeWorker(Behaviour(hang=True))
+    with cluster(prefill, decode, tracing=True, max_attempts=1) as url:
+        assert httpx.post(f"{url}/generate", json={"text": "hi"}, timeout=30).status_code == 502
+        by_name = finished(spans, 4)
+    (server,), (attempt,), (p_leg,) = by_name["POST /generate"], by_name["attempt"], by_name["prefill"]
+    assert server.status.status_code.name == "ERROR" and server.attributes["http.response.status_code"] == 502
+    assert attempt.attributes["pdcluster.failed_worker"] == "static-prefill-0"
+    assert p_leg.status.status_code.name == "ERROR"
+
+
+def test_tracing_off_makes_no_span_and_sends_no_traceparent(spans, monkeypatch):
+    monkeypatch.delenv(otel.SWITCH, raising=False)
+    prefill, decode = FakeWorker(), FakeWorker()
+    with cluster(prefill, decode) as url:
+        assert httpx.post(f"{url}/generate", json={"text": "hi"},
+                          headers={"traceparent": f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"}).status_code == 200
+    assert spans.get_finished_spans() == ()
+    # The client's own traceparent is not passed on either: only a span of the router's would be its parent.
+    assert "traceparent" not in prefill.received_headers[0] and "traceparent" not in decode.received_headers[0]
+
+
+def test_the_switch_and_the_otel_variables():
+    assert not otel.enabled(None, {})
+    assert otel.enabled(None, {otel.SWITCH: "1"}) and otel.enabled(True, {})
+    assert not otel.enabled(False, {otel.SWITCH: "1"})
+    assert not otel.enabled(True, {"OTEL_TRACES_EXPORTER": "none"})
+    assert otel.traces_endpoint({}, "http/protobuf") == "http://localhost:4318/v1/traces"
+    assert otel.traces_endpoint({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}, "http/protobuf") == \
+        "http://c:4318/v1/traces"
+    assert otel.traces_endpoint({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, "grpc") == "http://c:4317"
+    assert otel.traces_endpoint({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t/x"}, "grpc") == "http://t/x"
+    assert otel.protocol({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}) == "grpc"
+    assert otel.check({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}) is not None
+    assert otel.check({"OTEL_TRACES_EXPORTER": "zipkin"}) is not None
+
+
+def test_the_router_refuses_variables_it_cannot_honour(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+    with pytest.raises(ValueError, match="http/json"):
+        tracing.from_config(RouterConfig(bootstrap_url=None, tracing=True))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")  # both exporters are installed
+    made = tracing.from_config(RouterConfig(bootstrap_url=None, tracing=True))
+    assert made is not None
+    made.provider.shutdown()
