@@ -30,11 +30,12 @@ from router.workers import Worker, WorkerPool
 
 log = logging.getLogger("pdcluster.router")
 
-RCVHWM = 10_000  # messages queued per subscription
+RCVHWM = 1_000  # messages queued per subscription (each at most MAX_FRAME_BYTES)
 REPLAY_TIMEOUT = 2.0  # seconds for each message of a replay
 MAX_REPLAY = 20_000  # batches in one replay (SGLang buffers 10,000)
 YIELD_EVERY = 64  # messages handled between two yields to the event loop
 FOLLOW_INTERVAL = 0.5  # seconds between two looks at the pool
+IDLE_RESUBSCRIBE = 30.0  # seconds without a message before the SUB socket is made anew
 
 
 def tcp(host: str, port: int) -> str:
@@ -52,17 +53,24 @@ class Subscription:
         self.expected: int | None = None  # the next sequence
         self.replayed = False  # live batches below `expected` are then the replay's duplicates
         self.warned = False
+        self.idle = IDLE_RESUBSCRIBE
 
     async def run(self) -> None:
-        socket = self._socket(zmq.SUB, self.endpoint.port)
-        socket.setsockopt(zmq.RCVHWM, RCVHWM)
-        socket.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
         self.index.open(self.worker_id, self.page_size)
+        socket = self._subscribe()
         try:
             await self._replay(0, "start")
             handled = 0
             while True:
-                replay_from = self.receive(await socket.recv_multipart())
+                try:
+                    message = await asyncio.wait_for(socket.recv_multipart(), self.idle)
+                except TimeoutError:
+                    # Silence: an idle prefill, or a connection ZMQ dropped and will not make again (it does not
+                    # after a frame over MAXMSGSIZE). A fresh socket costs nothing; what it missed shows as a gap.
+                    socket.close(linger=0)
+                    socket = self._subscribe()
+                    continue
+                replay_from = self.receive(message)
                 if replay_from is not None:
                     await self._replay(replay_from, "gap")
                 handled += 1
@@ -70,6 +78,12 @@ class Subscription:
                     await asyncio.sleep(0)  # a flood of ready messages would otherwise never yield
         finally:
             socket.close(linger=0)
+
+    def _subscribe(self) -> zmq.asyncio.Socket:
+        socket = self._socket(zmq.SUB, self.endpoint.port)
+        socket.setsockopt(zmq.RCVHWM, RCVHWM)
+        socket.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
+        return socket
 
     def receive(self, frames: list[bytes]) -> int | None:
         """One live message. Returns the sequence to replay from when it shows a gap the replay socket may close

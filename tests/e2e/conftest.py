@@ -32,7 +32,7 @@ def e2e_spec() -> LocalSpec:
         bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=18998),
         router=ComponentSpec(config="tests/e2e/router.yaml", port=18000),
         prefill=WorkerGroupSpec(config="configs/prefill.yaml", args=DEMO_ARGS, count=2, first_port=31100,
-                                first_kv_bootstrap_port=19000),
+                                first_kv_bootstrap_port=19000, first_kv_events_port=19100),
         decode=WorkerGroupSpec(config="configs/decode.yaml", args=DEMO_ARGS, count=2, first_port=31200),
         ready_timeout=600,
     )
