@@ -8,7 +8,8 @@ random. So a long cached prefix draws its traffic to its holder until that holde
 saves, and a small hit never outweighs a queue.
 
 Blind: when no candidate publishes events, or the prompt's token ids are unknown (router/prompt_ids.py), the text
-`prefix` policy decides (router/pairing.py's PrefixAffinity); a candidate without events, beside ones with them, is
+`prefix` policy decides (router/pairing.py's PrefixAffinity, which pairing gives it: this module does not import
+pairing, which names it in its REGISTRY); a candidate without events, beside ones with them, is
 taken to hold nothing (routed by load). Every choice is counted by kind, and the tokens the chosen prefill was
 predicted to hold, to compare with what the answers report (`meta_info.cached_tokens`).
 """
@@ -17,10 +18,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Protocol
 
 from router.kv_index import KvIndex
 from router.metrics import RouterMetrics
-from router.pairing import Policy, PrefixAffinity
 from router.prompt_ids import PromptTokens
 from router.request import PdRequest
 from router.workers import Worker
@@ -28,14 +29,22 @@ from router.workers import Worker
 REQUEST_TOKENS = 64  # what a request in flight costs besides its prompt tokens (scheduling, its transfer)
 
 
-class CacheAware(Policy):
+class Fallback(Protocol):
+    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker: ...
+
+    def worker_removed(self, worker_id: str) -> None: ...
+
+
+class CacheAware:
+    """A pairing Policy (router/pairing.py's interface)."""
+
     name = "cache_aware"
     needs_prompt = True  # for the blind fallback
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, fallback: Fallback, seed: int | None = None) -> None:
         self.index = KvIndex()
         self.tokens = PromptTokens()
-        self.fallback = PrefixAffinity()
+        self.fallback = fallback
         self.metrics: RouterMetrics | None = None  # set with the event subscriptions (router/kv_events.py: start)
         self._rng = random.Random(seed)
 

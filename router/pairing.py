@@ -22,11 +22,13 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import orjson
 
 from pdcluster.http import ApiError
 from pdcluster.protocol import Role, WorkerCapabilities
+from router.cache_aware import CacheAware
 from router.chat_checks import check_pair_has
 from router.inventory.rules import PairLimit
 from router.request import Checked, PdRequest
@@ -208,9 +210,7 @@ class PrefixAffinity(Policy):
 
 
 def _cache_aware() -> Policy:
-    from router.cache_aware import CacheAware  # it builds on the policies above: imported once they exist
-
-    return CacheAware()
+    return cast(Policy, CacheAware(PrefixAffinity()))  # a Policy by its methods: it cannot import this module
 
 
 # Every policy by its name in the router config (router/config.py's POLICIES names the same).

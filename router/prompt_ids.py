@@ -18,14 +18,28 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
-
-from router.request import PdRequest
+from typing import Any, Protocol
 
 log = logging.getLogger("pdcluster.router")
 
 MAX_CHARS = 32_768
 BOUNDARY_TOKENS = 4  # dropped from a cut text's ids: the cut may split what a longer text makes one token
+
+
+class _Checked(Protocol):  # router/request.py's Checked, what is read of it (not imported: a short import chain)
+    @property
+    def token_ids(self) -> str | None: ...
+    @property
+    def prompts(self) -> tuple[list, ...]: ...
+    @property
+    def first_prompt(self) -> Any: ...
+
+
+class _Request(Protocol):  # ... and its PdRequest
+    @property
+    def route(self) -> str: ...
+    @property
+    def checked(self) -> _Checked: ...
 
 
 class PromptTokens:
@@ -37,7 +51,7 @@ class PromptTokens:
             self.tokenizers[model_path] = None  # one attempt per model
             self.tokenizers[model_path] = await asyncio.to_thread(_load, model_path)
 
-    def of(self, request: PdRequest, model_path: str | None) -> list[int] | None:
+    def of(self, request: _Request, model_path: str | None) -> list[int] | None:
         checked = request.checked
         if checked.token_ids is not None:
             ids = checked.prompts[0] if checked.prompts else None

@@ -1,4 +1,4 @@
-"""Routing by the prefills' own KV events (issue 35), on the shared cluster: a second router, started here on the same
+"""Routing by the prefills' own KV events, on the shared cluster: a second router, started here on the same
 workers with the cache_aware policy (the cluster's own router keeps its round robin for the other tests), sends a
 prompt's repeats with new suffixes to the prefill that holds it, and their answers report it cached."""
 
