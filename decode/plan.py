@@ -25,6 +25,9 @@ CPU_ENV: dict[str, str] = {}
 # tested without a prefill).
 EXTRA_TRANSFER_BACKENDS = frozenset({"fake"})
 
+# A decode runs no radix cache in PD (unless --disaggregation-decode-enable-radix-cache): no KV events.
+PUBLISHES_KV_EVENTS = False
+
 # kv_store with decode_offload: write the KV the decode generates into the file storage. That needs the storage
 # backend, not enable-hierarchical-cache.
 KV_STORE_FLAGS = {

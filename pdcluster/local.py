@@ -61,7 +61,8 @@ class LocalCluster:
         for i in range(s.prefill.count):
             self._add(f"prefill-{i}", [py, "-m", "prefill", "--config", s.prefill.config, *s.prefill.args, *cluster,
                                        "--port", str(s.prefill.first_port + i),
-                                       "--disaggregation-bootstrap-port", str(s.prefill.first_kv_bootstrap_port + i)])
+                                       "--disaggregation-bootstrap-port", str(s.prefill.first_kv_bootstrap_port + i),
+                                       "--cluster", f"kv_events_port_base={s.prefill.first_kv_events_port + 2 * i}"])
         for i in range(s.decode.count):
             self._add(f"decode-{i}", [py, "-m", "decode", "--config", s.decode.config, *s.decode.args, *cluster,
                                       "--port", str(s.decode.first_port + i)])

@@ -24,6 +24,7 @@ class WorkerGroupSpec(BaseModel):
     count: int = Field(default=1, ge=0)
     first_port: int = Field(ge=1024, le=65000)
     first_kv_bootstrap_port: int = Field(default=8999, ge=1024, le=65000)
+    first_kv_events_port: int = Field(default=5557, ge=1024, le=65000)  # prefills: 2 ports each (events, replay)
 
 
 class LocalSpec(BaseModel):

@@ -59,6 +59,16 @@ class KVStoreMembership(_Strict):
     secret_proof: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
+class KVEventsEndpoint(_Strict):
+    """Where a worker's SGLang publishes its KV events (--kv-events-config: a ZMQ PUB of the pages its radix cache
+    stores and evicts, and a ROUTER that replays missed batches): what a router's cache_aware policy follows."""
+
+    host: str = Field(min_length=1, max_length=255)
+    port: int = Field(ge=1, le=65535)
+    replay_port: int | None = Field(default=None, ge=1, le=65535)
+    topic: str = Field(default="", max_length=64)
+
+
 class WorkerRegistration(_Strict):
     """Sent by a worker's launcher to the bootstrap service once its SGLang server answers."""
 
@@ -84,6 +94,7 @@ class WorkerRegistration(_Strict):
     capabilities: WorkerCapabilities = Field(default_factory=WorkerCapabilities)
     # None: the worker keeps no KV on disk (or is an older launcher, which says nothing of it).
     kv_store: KVStoreMembership | None = None
+    kv_events: KVEventsEndpoint | None = None  # None: it publishes none (a decode, or turned off)
 
     @model_validator(mode="after")
     def _prefill_has_bootstrap(self) -> WorkerRegistration:

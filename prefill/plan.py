@@ -26,6 +26,9 @@ CPU_ENV = {"SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER": "1"}
 # Mooncake only: a prefill must send real KV.
 EXTRA_TRANSFER_BACKENDS: frozenset[str] = frozenset()
 
+# Its radix cache's KV events, for the routers' cache_aware policy (pdcluster/worker/kv_events.py).
+PUBLISHES_KV_EVENTS = True
+
 # kv_store: SGLang's HiCache with its file storage, so that what a prefill computes is written to disk and read back.
 KV_STORE_FLAGS = {
     "enable-hierarchical-cache": True,

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
-from router import openapi
+from router import kv_events, openapi
 from router.admission import Admissions
 from router.attempt import Dispatcher
 from router.config import RouterConfig
@@ -76,7 +76,7 @@ def _lifespan(config: RouterConfig, pool: WorkerPool, metrics: RouterMetrics, pd
         pd.dispatcher = Dispatcher(upstream, metrics, background, config)
         state["client"] = client
         tasks = [asyncio.create_task(probe_forever(config, pool, client, upstream)),
-                 asyncio.create_task(admissions.run())]
+                 asyncio.create_task(admissions.run()), *kv_events.start(pd.pairing.prefill_policy, pool, metrics)]
         tasks += await _first_listing(config, pool, client, admissions)
         if metrics.multiprocess:
             tasks.append(asyncio.create_task(_sample_every_second(metrics)))

@@ -22,7 +22,7 @@ from router.workers import Worker
 
 # The load-balancing policies, one class each in router/pairing.py's REGISTRY (tests/unit/test_policies.py checks that
 # both name the same): named here, so that the config does not import the request path.
-POLICIES = ("round_robin", "random", "power_of_two", "prefix")
+POLICIES = ("round_robin", "random", "power_of_two", "prefix", "cache_aware")
 
 
 def known_policy(name: str) -> str:

@@ -92,6 +92,7 @@ class RouterMetrics:
         self.admissions = _Labelled(Counter(
             "pdcluster_router_admissions", "Admission canaries of new worker instances, by result (admitted, refused; "
             "error: the canary could not run and is tried again)", ["role", "result"], registry=r))
+        self._kv_metrics(r)
         self.pool = pool
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         if self.multiprocess:
@@ -100,6 +101,33 @@ class RouterMetrics:
             self._sampled: set[tuple[str, ...]] = set()
         else:
             self.registry.register(_PoolCollector(pool))
+
+    def _kv_metrics(self, r: CollectorRegistry) -> None:
+        """The cache_aware policy's (router/cache_aware.py, router/kv_events.py)."""
+        self.kv_batches = _Labelled(Counter(
+            "pdcluster_router_kv_event_batches", "KV event batches from prefills, by result (applied, duplicate: "
+            "already replayed, malformed)", ["worker", "result"], registry=r))
+        self.kv_gaps = _Labelled(Counter("pdcluster_router_kv_event_gaps", "Sequence gaps in a prefill's KV events",
+                                         ["worker"], registry=r))
+        self.kv_resyncs = _Labelled(Counter(
+            "pdcluster_router_kv_index_resyncs", "A prefill's KV index replayed (replayed) or dropped, by reason",
+            ["worker", "reason"], registry=r))
+        self.kv_index_pages = Gauge("pdcluster_router_kv_index_pages", "Pages the router's KV index holds per prefill",
+                                    ["worker"], multiprocess_mode="livemax", registry=r)
+        self.routing = _Labelled(Counter(
+            "pdcluster_router_routing_decisions", "cache_aware choices of a prefill, by kind (indexed; blind: no "
+            "candidate publishes KV events; no_tokens: no token ids for the prompt)", ["kind"], registry=r))
+        self.predicted_cached = Counter(
+            "pdcluster_router_predicted_cached_tokens", "Prompt tokens the chosen prefill was predicted to hold "
+            "(to compare with pdcluster_router_cached_prompt_tokens)", registry=r)
+        self._kv_sized: set[str] = set()
+
+    def set_kv_index_sizes(self, sizes: dict[str, int]) -> None:
+        for worker_id, pages in sizes.items():
+            self.kv_index_pages.labels(worker_id).set(pages)
+        for gone in self._kv_sized - sizes.keys():
+            self.kv_index_pages.remove(gone)
+        self._kv_sized = set(sizes)
 
     def count_cached(self, answer: bytes, stream: bool = False) -> None:
         """`answer`: a whole answer, or (`stream`) a stream's last chunk with counts, whose last event is counted."""

@@ -22,11 +22,13 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import orjson
 
 from pdcluster.http import ApiError
 from pdcluster.protocol import Role, WorkerCapabilities
+from router.cache_aware import CacheAware
 from router.chat_checks import check_pair_has
 from router.inventory.rules import PairLimit
 from router.request import Checked, PdRequest
@@ -92,17 +94,13 @@ class Pairing:
                 f"{len(prefills)} prefill and {len(decodes)} decode workers available")
             raise ApiError(503, f"no healthy pair: {detail}")
         candidates = holding(candidates, request.checked)
-        decode = self.decode_policy.choose(candidates, _prompt(self.decode_policy, request))
-        prefill = self.prefill_policy.choose(compatible_with(decode, prefills), _prompt(self.prefill_policy, request))
+        decode = self.decode_policy.choose_for(candidates, request)
+        prefill = self.prefill_policy.choose_for(compatible_with(decode, prefills), request)
         return prefill, decode
 
     def worker_removed(self, worker_id: str) -> None:
         self.prefill_policy.worker_removed(worker_id)
         self.decode_policy.worker_removed(worker_id)
-
-
-def _prompt(policy: Policy, request: PdRequest) -> str:
-    return request.hint if policy.needs_prompt else ""
 
 
 # --- the policies ----------------------------------------------------------------------------------------------------
@@ -116,6 +114,10 @@ class Policy:
         """`candidates` is never empty; the policy must not mutate it. `prompt`: at most HINT_CHARS of the prompt
         as text, if the policy `needs_prompt`."""
         raise NotImplementedError
+
+    def choose_for(self, candidates: Sequence[Worker], request: PdRequest) -> Worker:
+        """Pairing's call: a policy that reads more of the request than its text (cache_aware) overrides it."""
+        return self.choose(candidates, request.hint if self.needs_prompt else "")
 
     def worker_removed(self, worker_id: str) -> None:
         """The worker left the pool for good: forget what is kept about it."""
@@ -207,12 +209,17 @@ class PrefixAffinity(Policy):
             del self._owner[key]
 
 
+def _cache_aware() -> Policy:
+    return cast(Policy, CacheAware(PrefixAffinity()))  # a Policy by its methods: it cannot import this module
+
+
 # Every policy by its name in the router config (router/config.py's POLICIES names the same).
 REGISTRY: dict[str, Callable[[], Policy]] = {
     RoundRobin.name: RoundRobin,
     RandomChoice.name: RandomChoice,
     PowerOfTwo.name: PowerOfTwo,
     PrefixAffinity.name: PrefixAffinity,
+    "cache_aware": _cache_aware,
 }
 
 

@@ -25,6 +25,7 @@ from pdcluster.config_file import ConfigError, load_yaml, validation_message
 from pdcluster.kvstore import wiring
 from pdcluster.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration
 from pdcluster.worker import checks, environment, tracing
+from pdcluster.worker.kv_events import plan_kv_events
 from pdcluster.worker.options import SGLangOptions, sglang_parser
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
 
@@ -36,6 +37,7 @@ class RoleRules(Protocol):
     CPU_FLAGS: dict[str, Any]  # the role's part of the CPU profile: SGLang options, set when no source sets them
     CPU_ENV: dict[str, str]  # ... and environment
     EXTRA_TRANSFER_BACKENDS: frozenset[str]  # what it accepts besides Mooncake
+    PUBLISHES_KV_EVENTS: bool  # its radix cache's KV events are for the routers (pdcluster/worker/kv_events.py)
 
     def check_options(self, options: SGLangOptions) -> None:
         """Refuse a configured SGLang option that contradicts the role (before any default is applied)."""
@@ -141,12 +143,14 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     stored = _check_final(rules, ns, cpu, cluster.kv_store)
     advertise = checks.advertise_address(ns.host, cluster.advertise_host)
     kv_bootstrap_port = rules.kv_bootstrap_port(options, ns, cluster)
+    kv_events = plan_kv_events(options, ns, cluster, advertise, rules.PUBLISHES_KV_EVENTS, (ns.port, kv_bootstrap_port))
     cores = checks.check_cpus(cluster)
     final_env, env_added = environment.sglang_env(cluster, ns, advertise, cores, stored,
                                                   rules.CPU_ENV if cpu else None, env)
     final_env.update(traced_env)  # SGLang reads the protocol from this variable only: the setting decides it
     env_added.update(traced_env)
     registration = _registration(role, cluster, ns, advertise, kv_bootstrap_port, checks.capabilities(ns, cpu))
+    registration.kv_events = kv_events
     return LaunchPlan(role, _command(role, options, stored, cores), final_env, env_added, cluster, registration, cpu)
 
 

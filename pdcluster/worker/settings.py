@@ -80,6 +80,9 @@ class ClusterSettings(BaseModel):
     env: dict[str, str] = {}
     # First port tried for a prefill's SGLang KV bootstrap server when the config does not set one.
     kv_bootstrap_port_base: int = Field(default=8999, ge=1024, le=65000)
+    # A prefill publishes SGLang's KV events (what its radix cache holds, for the routers' cache_aware policy) on the
+    # first free pair of ports from here up (events, then replay), bound to SGLang's --host. null: it publishes none.
+    kv_events_port_base: int | None = Field(default=5557, ge=1024, le=65000)
     # KV cache that survives restarts (prefill; decode with decode_offload); null: off. See KVStoreSettings.
     kv_store: KVStoreSettings | None = None
     # CPU profile only: extend attention that computes only the new tokens' queries (pdcluster/cpu_attention), so a

@@ -33,7 +33,7 @@ def e2e_spec() -> LocalSpec:
         router=ComponentSpec(config="tests/e2e/router.yaml", port=18000),
         # --enable-metrics: SGLang's /metrics, which tests/e2e/test_prometheus.py scrapes (as the chart does)
         prefill=WorkerGroupSpec(config="configs/prefill.yaml", args=[*DEMO_ARGS, "--enable-metrics"], count=2,
-                                first_port=31100, first_kv_bootstrap_port=19000),
+                                first_port=31100, first_kv_bootstrap_port=19000, first_kv_events_port=19100),
         decode=WorkerGroupSpec(config="configs/decode.yaml", args=[*DEMO_ARGS, "--enable-metrics"], count=2,
                                first_port=31200),
         ready_timeout=600,

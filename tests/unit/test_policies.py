@@ -22,7 +22,7 @@ def ids(chosen: list[Worker]) -> list[str]:
 
 
 def test_registry_names():
-    assert sorted(REGISTRY) == ["power_of_two", "prefix", "random", "round_robin"]
+    assert sorted(REGISTRY) == ["cache_aware", "power_of_two", "prefix", "random", "round_robin"]
     assert sorted(POLICIES) == sorted(REGISTRY), "the config accepts the names of the policies there are"
 
 

@@ -1,0 +1,84 @@
+"""The `cache_aware` policy: the prefill that will finish the prompt first, from what each holds, by its own KV
+events (router/kv_events.py, router/kv_index.py), and how busy it is.
+
+Each candidate's cost is the prompt tokens it would still compute, queued ones included: the prompt tokens of this
+router's prefill halves on it not yet answered (`pending_prompt_tokens`), a fixed allowance per request in flight,
+and the request's own tokens less the ones it holds. The cheapest wins; ties go to the one holding more, then at
+random. So a long cached prefix draws its traffic to its holder until that holder's queue costs more than the hit
+saves, and a small hit never outweighs a queue.
+
+Blind: when no candidate publishes events, or the prompt's token ids are unknown (router/prompt_ids.py), the text
+`prefix` policy decides (router/pairing.py's PrefixAffinity, which pairing gives it: this module does not import
+pairing, which names it in its REGISTRY); a candidate without events, beside ones with them, is
+taken to hold nothing (routed by load). Every choice is counted by kind, and the tokens the chosen prefill was
+predicted to hold, to compare with what the answers report (`meta_info.cached_tokens`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Protocol
+
+from router.kv_index import KvIndex
+from router.metrics import RouterMetrics
+from router.prompt_ids import PromptTokens
+from router.request import PdRequest
+from router.workers import Worker
+
+REQUEST_TOKENS = 64  # what a request in flight costs besides its prompt tokens (scheduling, its transfer)
+
+
+class Fallback(Protocol):
+    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker: ...
+
+    def worker_removed(self, worker_id: str) -> None: ...
+
+
+class CacheAware:
+    """A pairing Policy (router/pairing.py's interface)."""
+
+    name = "cache_aware"
+    needs_prompt = True  # for the blind fallback
+
+    def __init__(self, fallback: Fallback, seed: int | None = None) -> None:
+        self.index = KvIndex()
+        self.tokens = PromptTokens()
+        self.fallback = fallback
+        self.metrics: RouterMetrics | None = None  # set with the event subscriptions (router/kv_events.py: start)
+        self._rng = random.Random(seed)
+
+    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
+        return self.fallback.choose(candidates, prompt)  # no request: by its text only
+
+    def choose_for(self, candidates: Sequence[Worker], request: PdRequest) -> Worker:
+        indexed = [w for w in candidates if self.index.live(w.worker_id)]
+        if not indexed:
+            return self._blind("blind", candidates, request)
+        model = next((w.identity.model_path for w in indexed if w.identity is not None), None)
+        ids = self.tokens.of(request, model)
+        if ids is None:
+            return self._blind("no_tokens", candidates, request)
+        held = self.index.match([w.worker_id for w in indexed], ids)
+        chosen = self.pick(candidates, held, len(ids))
+        if self.metrics is not None:
+            self.metrics.routing.labels("indexed").inc()
+            self.metrics.predicted_cached.inc(held.get(chosen.worker_id, 0))
+        return chosen
+
+    def pick(self, candidates: Sequence[Worker], held: dict[str, int], prompt_tokens: int) -> Worker:
+        """The cheapest candidate (the module's docstring), given the tokens each holds of a prompt's."""
+        def cost(w: Worker) -> tuple[int, int, float]:
+            hit = held.get(w.worker_id, 0)
+            work = w.pending_prompt_tokens + REQUEST_TOKENS * w.in_flight + prompt_tokens - hit
+            return work, -hit, self._rng.random()
+
+        return min(candidates, key=cost)
+
+    def _blind(self, kind: str, candidates: Sequence[Worker], request: PdRequest) -> Worker:
+        if self.metrics is not None:
+            self.metrics.routing.labels(kind).inc()
+        return self.fallback.choose(candidates, request.hint)
+
+    def worker_removed(self, worker_id: str) -> None:
+        self.fallback.worker_removed(worker_id)

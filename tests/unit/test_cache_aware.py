@@ -1,0 +1,84 @@
+"""The cache_aware policy: the prefill holding the prompt's prefix wins, unless its queue costs more than the hit
+saves; blind (no events, no token ids) it routes as the text prefix policy does."""
+
+from __future__ import annotations
+
+from pdcluster.protocol import ModelIdentity, Role
+from router.cache_aware import CacheAware
+from router.kv_wire import Stored
+from router.metrics import RouterMetrics
+from router.pairing import make_policy
+from router.request import Checked, PdRequest
+from router.workers import Worker, WorkerPool
+
+PAGE = 4
+IDENTITY = ModelIdentity(model_path="m", served_model_name="m", page_size=PAGE, kv_cache_dtype="auto",
+                         transfer_backend="mooncake")
+PROMPT = list(range(1, 401))  # 100 pages
+
+
+def prefills(n: int = 3) -> list[Worker]:
+    return [Worker(f"p{i}", Role.PREFILL, f"http://p{i}", "h", 9000 + i, identity=IDENTITY) for i in range(n)]
+
+
+def request(ids: list[int] | None = None, text: str = "hello") -> PdRequest:
+    checked = (Checked(None, False, ids, token_ids="input_ids", prompts=(ids,)) if ids is not None
+               else Checked(None, False, text))
+    return PdRequest("/generate", "r", {}, checked, 0.0, 60.0)
+
+
+def policy_holding(held: dict[str, int]) -> CacheAware:
+    """Each worker of `held` indexed, holding that many leading tokens of PROMPT."""
+    policy = make_policy("cache_aware")
+    assert isinstance(policy, CacheAware)
+    policy.metrics = RouterMetrics(WorkerPool())
+    for worker_id, tokens in held.items():
+        index = policy.index.open(worker_id, PAGE)
+        pages = tokens // PAGE
+        if pages:
+            index.apply(Stored(tuple(range(1, pages + 1)), None, tuple(PROMPT[:tokens]), PAGE, "GPU"))
+    return policy
+
+
+def decisions(policy: CacheAware, kind: str) -> float:
+    assert policy.metrics is not None
+    return policy.metrics.registry.get_sample_value("pdcluster_router_routing_decisions_total", {"kind": kind}) or 0
+
+
+def test_the_holder_of_the_longest_prefix_wins():
+    workers = prefills()
+    policy = policy_holding({"p0": 40, "p1": 320, "p2": 0})
+    for _ in range(5):
+        assert policy.choose_for(workers, request([*PROMPT, 7, 7])).worker_id == "p1"
+    assert decisions(policy, "indexed") == 5
+    assert policy.metrics and policy.metrics.registry.get_sample_value(
+        "pdcluster_router_predicted_cached_tokens_total") == 5 * 320
+
+
+def test_load_outweighs_a_small_hit_not_a_large_one():
+    workers = prefills(2)
+    policy = policy_holding({"p0": 16, "p1": 0})
+    workers[0].pending_prompt_tokens, workers[0].in_flight = 2000, 2  # a queue far longer than the 16 tokens saved
+    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p1"
+    policy = policy_holding({"p0": 400, "p1": 0})
+    workers[0].pending_prompt_tokens = 100  # a short queue: the whole prompt cached is worth it
+    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p0"
+
+
+def test_blind_without_events_or_token_ids_it_routes_by_the_prompts_text():
+    workers = prefills()
+    policy = policy_holding({})  # no worker publishes
+    text = "You are a helpful assistant. " * 20
+    first = policy.choose_for(workers, request(text=text + "one?"))
+    assert all(policy.choose_for(workers, request(text=text + q)) is first for q in ("two?", "three?"))
+    assert decisions(policy, "blind") == 3
+    policy = policy_holding({"p0": 40})
+    policy.choose_for(workers, request(text=text))  # indexed workers, but no tokenizer loaded for model "m"
+    assert decisions(policy, "no_tokens") == 1
+
+
+def test_a_worker_without_events_beside_indexed_ones_is_routed_by_load():
+    workers = prefills(2)
+    policy = policy_holding({"p0": 8})
+    workers[0].pending_prompt_tokens = 5000
+    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p1"  # p1: blind, idle

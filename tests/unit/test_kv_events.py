@@ -1,0 +1,154 @@
+"""The router's subscription to a prefill's KV events, against a fake SGLang publisher on loopback: live batches
+indexed, gaps replayed or the index dropped, a sequence going back, a new instance, and a hostile publisher."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import zmq.asyncio
+
+from pdcluster.protocol import KVEventsEndpoint, ModelIdentity, Role
+from router.kv_events import Subscription, follow_kv_events
+from router.kv_index import KvIndex
+from router.metrics import RouterMetrics
+from router.workers import Worker, WorkerPool
+from tests.unit.kv_event_fakes import PAGE, FakePublisher, frames, stored
+
+TOKENS = list(range(100, 116))
+IDENTITY = ModelIdentity(model_path="m", served_model_name="m", page_size=PAGE, kv_cache_dtype="auto",
+                         transfer_backend="mooncake")
+
+
+def prefill(publisher: FakePublisher | None, instance: str = "i1", replay: bool = True, port: int = 1) -> Worker:
+    endpoint = KVEventsEndpoint(host="127.0.0.1", port=publisher.port if publisher else port,
+                                replay_port=publisher.replay_port if publisher and replay else None)
+    return Worker("p0", Role.PREFILL, "http://p0", "h", 9000, identity=IDENTITY, instance_id=instance,
+                  kv_events=endpoint)
+
+
+def metric(metrics: RouterMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out: {check.__code__.co_consts}"
+        await asyncio.sleep(0.02)
+
+
+def subscription(replay_port: int | None = None) -> tuple[Subscription, KvIndex, RouterMetrics]:
+    index, metrics = KvIndex(), RouterMetrics(WorkerPool())
+    worker = prefill(None)
+    endpoint = KVEventsEndpoint(host="127.0.0.1", port=1, replay_port=replay_port)
+    sub = Subscription(None, worker, endpoint, index, metrics)  # type: ignore[arg-type] - receive() needs no socket
+    index.open("p0", PAGE)
+    return sub, index, metrics
+
+
+def test_a_gap_without_a_replay_socket_drops_the_index_and_indexes_afresh():
+    sub, index, metrics = subscription()
+    assert sub.receive(frames(0, [stored([1, 2], TOKENS[:8])])) is None
+    assert index.match(["p0"], TOKENS) == {"p0": 8}
+    assert sub.receive(frames(5, [stored([9], TOKENS[8:12], parent=2)])) is None  # 1-4 lost
+    assert metric(metrics, "pdcluster_router_kv_event_gaps_total", worker="p0") == 1
+    assert metric(metrics, "pdcluster_router_kv_index_resyncs_total", worker="p0", reason="gap") == 1
+    assert index.match(["p0"], TOKENS) == {"p0": 0}  # what it held is no longer trusted: a removal may be lost
+    assert sub.expected == 6
+
+
+def test_a_gap_with_a_replay_socket_asks_for_a_replay_and_a_sequence_going_back_drops_the_index():
+    sub, index, metrics = subscription(replay_port=2)
+    sub.receive(frames(0, [stored([1], TOKENS[:4])]))
+    assert sub.receive(frames(3, [])) == 1  # the subscription replays from 1 (its run loop does)
+    sub.receive(frames(1, [stored([2], TOKENS[4:8], parent=1)]))
+    assert index.match(["p0"], TOKENS) == {"p0": 8}
+    sub.receive(frames(0, [stored([5], TOKENS[:4])]))  # the publisher restarted: its sequence starts over
+    assert metric(metrics, "pdcluster_router_kv_index_resyncs_total", worker="p0", reason="sequence_back") == 1
+    assert index.match(["p0"], TOKENS) == {"p0": 4} and len(index.workers["p0"].pages) == 1
+
+
+def test_live_events_from_a_publisher_reach_the_index_and_a_lost_batch_is_replayed():
+    publisher, metrics = FakePublisher(), RouterMetrics(WorkerPool())
+
+    async def scenario() -> None:
+        index = KvIndex()
+        sub = Subscription(zmq.asyncio.Context(), prefill(publisher), prefill(publisher).kv_events, index, metrics)
+        task = asyncio.create_task(sub.run())
+        await eventually(lambda: publisher.replays == [0])  # a new subscription first asks for what is buffered
+        sequence = 0
+        while sub.expected is None:  # ZMQ's slow joiner: empty batches until the subscription hears one
+            publisher.publish(sequence, [])
+            sequence += 1
+            await asyncio.sleep(0.02)
+        publisher.publish(sequence, [stored([1], TOKENS[:4])])
+        publisher.publish(sequence + 1, [stored([2], TOKENS[4:8], parent=1)], live=False)  # lost on the way
+        publisher.publish(sequence + 2, [stored([3], TOKENS[8:12], parent=2)])
+        await eventually(lambda: index.match(["p0"], TOKENS) == {"p0": 12})
+        assert publisher.replays == [0, sequence + 1]
+        assert metric(metrics, "pdcluster_router_kv_index_resyncs_total", worker="p0", reason="replayed") == 1
+        task.cancel()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        publisher.close()
+
+
+def test_a_hostile_publisher_is_bounded_and_never_ends_the_subscription():
+    publisher, metrics = FakePublisher(), RouterMetrics(WorkerPool())
+
+    async def scenario() -> None:
+        index = KvIndex(max_pages=50)
+        sub = Subscription(zmq.asyncio.Context(), prefill(publisher), prefill(publisher).kv_events, index, metrics)
+        sub.idle = 0.5
+        task = asyncio.create_task(sub.run())
+        await eventually(lambda: publisher.replays == [0])
+        while sub.expected is None:
+            publisher.publish(0, [])
+            await asyncio.sleep(0.02)
+            if sub.expected is None:
+                publisher.buffer.clear()
+        publisher.send_raw([b"", b"\x00" * 8, b"\xc1" * 100])  # garbage
+        publisher.send_raw([b"", b"\x00" * 8, b"\x00" * (20 * 2**20)])  # over ZMQ's MAXMSGSIZE: never buffered
+        for i in range(1, 2001):  # a flood of new roots: the index stays within its bound
+            publisher.publish(i, [stored([10_000 + i], [i] * PAGE)])
+        sequence = 2001
+        # The huge frame cost the connection (ZMQ drops a peer that sends one, for good) and the flood went meanwhile:
+        # after a silence the subscription subscribes anew, and the next batch shows the gap, which the replay closes.
+        while metric(metrics, "pdcluster_router_kv_event_batches_total", worker="p0", result="applied") < 2000:
+            publisher.publish(sequence, [])
+            sequence += 1
+            await asyncio.sleep(0.05)
+            assert sequence < 2200, "the subscription never caught up"
+        assert len(index.workers["p0"].pages) <= 50
+        assert metric(metrics, "pdcluster_router_kv_event_batches_total", worker="p0", result="malformed") >= 1
+        assert not task.done()
+        task.cancel()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        publisher.close()
+
+
+def test_a_new_instance_drops_the_workers_entries_and_subscribes_again():
+    async def scenario() -> None:
+        pool, index, metrics = WorkerPool(admission_check=False), KvIndex(), RouterMetrics(WorkerPool())
+        worker = pool.workers["p0"] = prefill(None, "i1", replay=False, port=1)
+        task = asyncio.create_task(follow_kv_events(pool, index, metrics))
+        await eventually(lambda: index.live("p0"))
+        index.workers["p0"].keys[1] = 1  # it held something
+        pool.workers["p0"] = prefill(None, "i2", replay=False, port=1)  # restarted at the same address
+        await eventually(lambda: metric(metrics, "pdcluster_router_kv_index_resyncs_total", worker="p0",
+                                        reason="new_instance") == 1)
+        assert index.live("p0") and not index.workers["p0"].keys
+        del pool.workers["p0"]
+        await eventually(lambda: not index.live("p0"))
+        assert worker.instance_id == "i1"
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())

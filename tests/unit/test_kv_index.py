@@ -1,0 +1,105 @@
+"""SGLang's KV event wire, both forms, read defensively; the index it feeds: stored, removed, cleared, tiers, bounds."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from router.kv_index import KvIndex, WorkerIndex
+from router.kv_wire import Cleared, Malformed, Removed, Stored, decode
+from tests.unit.kv_event_fakes import PAGE, cleared, frames, positional_payload, removed, stored
+
+PROMPT = list(range(100, 116))  # 4 pages of PAGE tokens
+
+
+def chain(first_hash: int, tokens: list[int]) -> list[int]:
+    return [first_hash + i for i in range(len(tokens) // PAGE)]
+
+
+@pytest.mark.parametrize("form", ["tagged", "positional"])
+def test_both_wire_forms_decode_to_the_same_events(form):
+    events = [stored([1, 2], PROMPT[:8]), stored([3], PROMPT[8:12], parent=2, medium="CPU_PINNED"),
+              removed([3], "CPU_PINNED"), cleared()]
+    parts = frames(7, events)
+    if form == "positional":
+        parts[2] = positional_payload(events)
+    batch = decode(parts)
+    assert batch.sequence == 7 and batch.skipped == 0
+    assert batch.events == (Stored((1, 2), None, tuple(PROMPT[:8]), PAGE, "GPU"),
+                            Stored((3,), 2, tuple(PROMPT[8:12]), PAGE, "CPU_PINNED"),
+                            Removed((3,), "CPU_PINNED"), Cleared())
+
+
+@pytest.mark.parametrize("parts", [
+    [b"", b"\x00" * 8],  # two frames
+    [b"", b"\x00" * 7, b"\x90"],  # a short sequence
+    [b"", b"\x00" * 8, b"\xc1garbage"],  # not msgpack
+    [b"", b"\x00" * 8, msgspec.msgpack.encode({"a": 1})],  # not a batch
+    [b"", b"\x00" * 8, b"\x91" * 200_000 + b"\x01"],  # nested past any stack
+    [b"", b"\x00" * 8, b"\xc6" + (17 * 2**20).to_bytes(4, "big") + b"\x00" * (17 * 2**20)],  # a huge frame
+])
+def test_garbage_is_malformed_never_a_crash(parts):
+    with pytest.raises(Malformed):
+        decode(parts)
+
+
+def test_nonsense_events_are_skipped_and_the_rest_kept():
+    raw = [1.0, [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1, 2],
+                  "block_size": PAGE},  # 2 tokens for a page of 4... is a partial page: kept
+                 {"type": "BlockStored", "block_hashes": [1, 2], "token_ids": [1], "block_size": PAGE},  # 2 pages?
+                 {"type": "BlockStored", "block_hashes": [True], "token_ids": [1], "block_size": 1},  # a bool hash
+                 {"type": "BlockRemoved", "block_hashes": [5], "medium": "TAPE"},  # no such tier
+                 ["Unknown", 1], 42, {"type": "BlockRemoved", "block_hashes": [5]}], 0]
+    batch = decode([b"", b"\x00" * 8, msgspec.msgpack.encode(raw)])
+    assert batch.skipped == 5 and len(batch.events) == 2 and batch.events[1] == Removed((5,), "GPU")
+
+
+def stored_prompt(index: WorkerIndex, tokens: list[int], first_hash: int = 1, medium: str = "GPU") -> None:
+    index.apply(Stored(tuple(chain(first_hash, tokens)), None, tuple(tokens), PAGE, medium))
+
+
+def test_stored_pages_match_by_content_whole_pages_only():
+    kv = KvIndex()
+    stored_prompt(kv.open("a", PAGE), PROMPT[:12])
+    kv.open("b", PAGE)
+    assert kv.match(["a", "b"], PROMPT) == {"a": 12, "b": 0}
+    assert kv.match(["a"], PROMPT[:10]) == {"a": 8}  # the third page is not whole in the request
+    assert kv.match(["a"], [0, *PROMPT]) == {"a": 0}  # the same tokens one position later: another prefix
+    other = [*PROMPT[:4], 0, *PROMPT[5:]]
+    assert kv.match(["a"], other) == {"a": 4}  # a page's key chains everything before it
+    assert kv.match(["nobody"], PROMPT) == {}
+
+
+def test_a_child_stored_later_chains_from_its_parent_and_an_orphan_is_not_indexed():
+    index = KvIndex().open("a", PAGE)
+    stored_prompt(index, PROMPT[:4])
+    index.apply(Stored((2,), 1, tuple(PROMPT[4:8]), PAGE, "GPU"))
+    index.apply(Stored((99,), 77, tuple(PROMPT[8:12]), PAGE, "GPU"))  # its parent was never seen
+    assert len(index.pages) == 2 and index.orphans == 1
+
+
+def test_removed_per_tier_and_cleared():
+    kv = KvIndex()
+    index = kv.open("a", PAGE)
+    stored_prompt(index, PROMPT)
+    stored_prompt(index, PROMPT[:8], medium="CPU_PINNED")  # HiCache's host copy of the first two pages
+    index.apply(Removed((1, 2, 3, 4), "GPU"))  # evicted from the device: the host copies still count
+    assert kv.match(["a"], PROMPT) == {"a": 8}
+    index.apply(Removed((1,), "CPU_PINNED"))
+    assert kv.match(["a"], PROMPT) == {"a": 0} and len(index.pages) == 1
+    index.apply(Cleared())
+    assert not index.pages and not index.keys
+
+
+def test_the_index_is_bounded_per_worker():
+    kv = KvIndex(max_pages=3)
+    index = kv.open("a", PAGE)
+    stored_prompt(index, PROMPT)
+    assert len(index.pages) == 3 and index.overflow == 1 and kv.match(["a"], PROMPT) == {"a": 12}
+
+
+def test_a_partial_page_is_not_indexed_and_does_not_change_the_page_size():
+    kv = KvIndex()
+    index = kv.open("a", PAGE)
+    index.apply(Stored((1,), None, tuple(PROMPT[:3]), 3, "GPU"))
+    assert not index.pages and index.block_size == PAGE
