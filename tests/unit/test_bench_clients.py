@@ -55,6 +55,16 @@ def test_a_count_of_errors_without_the_requests_still_fails(clean):
     assert clients_report.check(clean) == ["chat c1: 1 request(s) incomplete"]
 
 
+def test_a_request_guidellm_filed_nowhere_fails_the_report(clean):
+    """As a run under strace left it: 3 created, 2 recorded, one still in flight when the cell ended, no error."""
+    bench = clean["benchmarks"][0]
+    bench["requests"]["successful"].pop()
+    bench["metrics"]["request_totals"].update(successful=2, total=2)
+    bench["scheduler_state"].update(processed_requests=2, successful_requests=2, processing_requests=1)
+    assert clients_report.check(clean) == [
+        "chat c1: 2 of 3 requests answered (1 still in flight when guidellm ended the cell)"]
+
+
 @pytest.mark.parametrize(("change", "why"), [
     (lambda r: r.update(output=""), "no text in the answer"),  # the text was somewhere guidellm did not read it
     (lambda r: r.update(output_tokens=12), "12 output tokens, asked for 64"),
