@@ -4,6 +4,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# guidellm's venv (`make bench-clients`), apart from .venv: its pins clash with SGLang's (it upgrades click).
+CLIENTS_VENV ?= .venv-clients
+# The router `make bench-clients` drives: make up's (configs/router.yaml's host and port; printed when ready).
+ROUTER_URL ?= http://127.0.0.1:8000
 # CPU machines get Mooncake's non-CUDA build; a machine with an NVIDIA driver gets the CUDA one. Never both.
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 # prometheus: the real Prometheus that tests/e2e/test_prometheus.py scrapes the test cluster with (the binary only:
@@ -11,7 +15,7 @@ MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap prometheus
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
-	bench-persistence bench-kv-handoff clean
+	bench-persistence bench-kv-handoff bench-clients clean
 
 setup: system-packages venv model
 
@@ -113,5 +117,17 @@ bench-n:
 bench-kv-handoff:
 	$(PY) -m bench.kv_handoff
 
+# guidellm 0.8.1, a third-party client, against a running router (ROUTER_URL=; default make up's): 16 streamed
+# requests per cell, /v1/chat/completions and /v1/completions at 1 and 4 streams; fails on any errored, incomplete or
+# unparsed answer: bench/results/clients.json and .png. Its first run builds .venv-clients (~6 GB: CUDA torch).
+bench-clients: $(CLIENTS_VENV)/.installed
+	$(PY) -m bench.clients --url $(ROUTER_URL) --guidellm $(CLIENTS_VENV)/bin/guidellm
+
+# Remade when the pins change; the stamp is written last, so an install that failed is tried again.
+$(CLIENTS_VENV)/.installed: bench/clients-requirements.txt
+	@test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/python -m pip install -q -r bench/clients-requirements.txt
+	touch $@
+
 clean:
-	rm -rf $(VENV) models *.egg-info
+	rm -rf $(VENV) $(CLIENTS_VENV) models *.egg-info
