@@ -109,10 +109,14 @@ def as_failure(worker: Worker, exc: Exception) -> HalfFailed:
 GRAMMAR_FAILED = b"Grammar accept_token failed"
 
 
+def grammar_failure(worker: Worker, payload: bytes) -> HalfFailed:
+    return HalfFailed(worker, 400, "the request's grammar admits no token the model can produce (SGLang: "
+                                   "Grammar accept_token failed)", detail=f"{worker.url}: {payload[:200]!r}")
+
+
 def status_failure(worker: Worker, status: int, payload: bytes) -> HalfFailed:
     if status >= 500 and GRAMMAR_FAILED in payload[:4096]:
-        return HalfFailed(worker, 400, "the request's grammar admits no token the model can produce (SGLang: "
-                                       "Grammar accept_token failed)", detail=f"{worker.url}: {payload[:200]!r}")
+        return grammar_failure(worker, payload)
     return HalfFailed(worker, status if status < 500 else 502, f"{_who(worker)} answered {status}",
                       payload, worker_fault(status), detail=f"{worker.url}: {payload[:200]!r}")
 
@@ -152,15 +156,27 @@ def _aborted(worker: Worker, answer: dict, payload: bytes) -> HalfFailed | None:
     reasons.append(meta.get("finish_reason") if isinstance(meta, dict) else None)
     for reason in reasons:
         if reason == "abort" or (isinstance(reason, dict) and reason.get("type") == "abort"):
-            message = reason.get("message") if isinstance(reason, dict) else None
-            said = f": {clean_reason(message)}" if isinstance(message, str) and message else ""
-            return HalfFailed(worker, 502, f"{_who(worker)} aborted the request{said}",
-                              detail=f"{worker.url}: {payload[:200]!r}")
+            said = reason.get("message") if isinstance(reason, dict) else None
+            code = reason.get("status_code") if isinstance(reason, dict) else None
+            return _refused(worker, code, said if isinstance(said, str) else "", "aborted the request", payload)
     if "error" in answer:
-        reason = worker_reason(orjson.dumps(answer)) or "no reason given"
-        return HalfFailed(worker, 502, f"{_who(worker)} answered an error: {reason}",
-                          detail=f"{worker.url}: {payload[:200]!r}")
+        error = answer["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        return _refused(worker, code, worker_reason(orjson.dumps(answer)), "answered an error", payload)
     return None
+
+
+def _refused(worker: Worker, code: object, reason: str, what: str, payload: bytes) -> HalfFailed:
+    """A prefill's abort or error inside a 200. Its own status code decides whose fault it is: a 4xx (a grammar
+    that does not compile) and a grammar that admits no token are the request's, a 400 that is neither retried nor
+    held against the worker; anything else is the worker's, a 502."""
+    detail = f"{worker.url}: {payload[:200]!r}"
+    if GRAMMAR_FAILED.decode() in reason:
+        return grammar_failure(worker, payload)
+    said = f": {clean_reason(reason)}" if reason else ""
+    if isinstance(code, int) and 400 <= code < 500 and code != 429:
+        return HalfFailed(worker, code, f"{_who(worker)} refused the request{said}", detail=detail)
+    return HalfFailed(worker, 502, f"{_who(worker)} {what}{said}", detail=detail)
 
 
 # What a worker's message may carry that a client must not read: a traceback, a path of the server's files, an

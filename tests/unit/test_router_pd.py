@@ -92,6 +92,26 @@ def test_a_prefill_that_answers_200_with_an_abort_fails_the_request_at_once(path
     assert "prefill" in message and "aborted the request" in message and "/tmp" not in message
 
 
+@pytest.mark.parametrize(("behaviour", "reason"), [
+    # SGLang's stream for a grammar that does not compile: an error event with code 400 in a 200
+    (Behaviour(chunks=0, error_event="Failed to compile ebnf grammar: Invalid ebnf"), "Failed to compile ebnf"),
+    # a grammar that admits no token: SGLang aborts with 500, the request's fault all the same
+    (Behaviour(answer_fields={"meta_info": {"finish_reason": {
+        "type": "abort", "status_code": 500, "message": "Grammar accept_token failed for req r with token 0"}}}),
+     "grammar admits no token"),
+])
+def test_a_prefill_that_refuses_the_requests_grammar_inside_a_200_is_a_400_held_against_no_one(behaviour, reason):
+    prefill, decode = FakeWorker(behaviour), FakeWorker(Behaviour(hang=True))
+    stream = behaviour.error_event is not None
+    with cluster(prefill, decode, max_attempts=2) as url:
+        response = httpx.post(f"{url}/generate", json={"text": "hi", "stream": stream}, timeout=60)
+        assert until(lambda: decode.aborted)
+        assert metric(url, "pdcluster_router_requests_total", route="/generate", status="400") == 1
+    assert response.status_code == 400, response.text
+    assert reason in response.json()["error"]["message"]
+    assert len(prefill.received) == 1  # not retried
+
+
 def test_decode_crash_mid_stream_ends_the_stream_with_an_error_event_and_aborts_prefill():
     prefill, decode = FakeWorker(Behaviour(hang=True)), FakeWorker(Behaviour(chunks=5, drop_after_chunks=2))
     with cluster(prefill, decode) as url:
