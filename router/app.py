@@ -86,6 +86,8 @@ def _lifespan(config: RouterConfig, pool: WorkerPool, metrics: RouterMetrics, pd
         await asyncio.gather(*tasks, *background, return_exceptions=True)
         await client.aclose()
         await upstream.close()
+        if pd.tracing is not None:
+            pd.tracing.close()
 
     return lifespan
 

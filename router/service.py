@@ -72,9 +72,11 @@ class PdService:
         except TimeoutError:  # raised inside the `async with` only: request_id is set
             assert request_id is not None
             answer = error_answer(504, f"request took longer than total_timeout ({self.config.total_timeout}s)")
+        except BaseException as exc:  # the client left (cancelled) or a defect (the edge's 500)
+            if traced is not None and self.tracing is not None:
+                self.tracing.abandon(traced, exc)
+            raise
         answer.headers["x-request-id"] = request_id
-        if traced is not None and self.tracing is not None:
-            self.tracing.finish(traced, answer, request_id)
         self.metrics.requests.labels(route, str(answer.status)).inc()
         streaming = isinstance(answer, StreamAnswer)
         if not streaming:
@@ -82,6 +84,8 @@ class PdService:
         if log.isEnabledFor(logging.INFO):
             log.info("answered", extra={"request_id": request_id, "route": route, "status": answer.status,
                                         "ms": round((time.monotonic() - started) * 1000, 1), "streaming": streaming})
+        if traced is not None and self.tracing is not None:  # after the log line, which carries the span's ids
+            self.tracing.finish(traced, answer, request_id)
         return answer
 
     async def _attempts(self, http: EdgeRequest, route: str, request_id: str, started: float) -> Answer | StreamAnswer:

@@ -10,17 +10,22 @@ On, each PD request is a trace of its own or joins the client's (a W3C `tracepar
 Each leg's request carries its own `traceparent`, so SGLang's spans (`--enable-trace`) nest under the leg. Spans are
 made by hand: the PD routes bypass FastAPI (router/edge.py) and the data plane has its own client (router/upstream.py).
 Exports run in the SDK's batch thread: a slow or absent collector costs dropped spans, never a request's time.
+The request's span is OpenTelemetry's current one while it is answered (a stream's until its end), so that the
+router's log records about it carry its `trace_id` and `span_id` (TraceIds).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import threading
 from collections.abc import Callable
-from contextvars import ContextVar, Token
+from contextvars import Token
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -37,9 +42,9 @@ if TYPE_CHECKING:
     from router.config import RouterConfig
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-# The request being answered, for its attempts: set by `start` in the task that answers it (a fan-out's choices
-# inherit it, router/fanout.py), so that no request object carries a field only tracing reads.
-_CURRENT: ContextVar[RequestTrace | None] = ContextVar("pdcluster_request_trace", default=None)
+# The request being answered, for its attempts: in the context `start` attaches in the task that answers it (a
+# fan-out's choices inherit it, router/fanout.py), so that no request object carries a field only tracing reads.
+_REQUEST = otel_context.create_key("pdcluster_request_trace")
 
 
 def from_config(config: RouterConfig) -> RouterTracing | None:
@@ -47,7 +52,8 @@ def from_config(config: RouterConfig) -> RouterTracing | None:
 
 
 def current() -> RequestTrace | None:
-    return _CURRENT.get()
+    request = otel_context.get_value(_REQUEST)
+    return request if isinstance(request, RequestTrace) else None
 
 
 def span_processor() -> SpanProcessor:
@@ -68,6 +74,25 @@ def span_processor() -> SpanProcessor:
     return BatchSpanProcessor(HttpExporter(endpoint=endpoint))
 
 
+class TraceIds(logging.Filter):
+    """The router's log records get the ids of the span current when they are made, as OpenTelemetry knows it: a
+    trace found in the collector leads to its log lines, and a log line to its trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            record.trace_id = trace.format_trace_id(context.trace_id)
+            record.span_id = trace.format_span_id(context.span_id)
+        return True
+
+
+_LOG = logging.getLogger("pdcluster.router")  # every router module's
+_TRACE_IDS = TraceIds()
+# How long a router that stops waits for its last spans to leave: the SDK's own exit flush waits up to 30 s per
+# processor, and a collector that hangs would hold it that long, past the platform's grace period.
+FLUSH_AT_STOP = 5.0
+
+
 class RouterTracing:
     """The router's tracer: its own provider (not the global one, which FastAPI and libraries would then use)."""
 
@@ -76,31 +101,54 @@ class RouterTracing:
         from opentelemetry.sdk.trace import TracerProvider
 
         resource = Resource.create({SERVICE_NAME: otel.service_name(os.environ, "router")})
-        self.provider = TracerProvider(resource=resource)  # flushed at exit (shutdown_on_exit)
+        # Flushed by `close`; the SDK's exit handler stays, for a router whose lifespan never ended.
+        self.provider = TracerProvider(resource=resource)
         self.provider.add_span_processor(processor)
         self.tracer = self.provider.get_tracer("pdcluster.router")
+        _LOG.addFilter(_TRACE_IDS)
 
-    def start(self, headers: dict[str, str], route: str) -> Token:
-        """The request's server span, parented on the client's `traceparent` if it sent one."""
+    def close(self) -> None:
+        """The router stops: the spans left are sent, within FLUSH_AT_STOP; the log records are as without tracing."""
+        _LOG.removeFilter(_TRACE_IDS)
+        flush = threading.Thread(target=self.provider.shutdown, name="pdcluster-span-flush", daemon=True)
+        flush.start()
+        flush.join(FLUSH_AT_STOP)
+
+    def start(self, headers: dict[str, str], route: str) -> Token[otel_context.Context]:
+        """The request's server span, parented on the client's `traceparent` if it sent one, made current."""
         parent = _PROPAGATOR.extract(headers) if "traceparent" in headers else None
         span = self.tracer.start_span(f"POST {route}", parent, SpanKind.SERVER,
                                       {"http.request.method": "POST", "http.route": route})
-        return _CURRENT.set(RequestTrace(self.tracer, span))
+        request = RequestTrace(self.tracer, span)
+        return otel_context.attach(otel_context.set_value(_REQUEST, request, request.context))
 
-    def finish(self, token: Token, answer: Answer | StreamAnswer, request_id: str) -> None:
-        """The answer is made: the span ends now, or with the stream."""
-        request = _CURRENT.get()
-        _CURRENT.reset(token)
-        if request is None:
-            return
+    def finish(self, token: Token[otel_context.Context], answer: Answer | StreamAnswer, request_id: str) -> None:
+        """The answer is made: the span ends now, or with the stream (current until then: the relay logs too)."""
+        request = current()
+        assert request is not None  # attached by `start`, in this task
         span = request.span
         span.set_attributes({"pdcluster.request_id": request_id, "http.response.status_code": answer.status})
         if answer.status >= 500:
             span.set_status(Status(StatusCode.ERROR))
-        if isinstance(answer, StreamAnswer):
-            answer.close = _then(answer.close, span.end)
+        if isinstance(answer, StreamAnswer):  # closed by the edge in this task, whose context this is
+            answer.close = _then(answer.close, lambda: _end(span, token))
         else:
-            span.end()
+            _end(span, token)
+
+    def abandon(self, token: Token[otel_context.Context], exc: BaseException) -> None:
+        """No answer: the client left (the task is cancelled) or the router failed; the span ends all the same."""
+        if (request := current()) is not None:
+            if isinstance(exc, asyncio.CancelledError):
+                request.span.set_attribute("pdcluster.cancelled", True)
+            else:
+                _failed(request.span, exc)
+            request.span.end()
+        otel_context.detach(token)
+
+
+def _end(span: trace.Span, token: Token[otel_context.Context]) -> None:
+    span.end()
+    otel_context.detach(token)
 
 
 def _then(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
@@ -130,6 +178,7 @@ class RequestTrace:
             span.set_attribute("pdcluster.retry_reason", reason)
         client = TracedClient(attempt.d.client, self.tracer, span, attempt)
         attempt.d = replace(attempt.d, client=cast(UpstreamClient, client))
+        token = otel_context.attach(client.context)  # what the attempt logs is the attempt span's
         try:
             answer = await attempt.answer()
         except HalfFailed as failure:
@@ -139,6 +188,8 @@ class RequestTrace:
         except BaseException:
             client.end()
             raise
+        finally:
+            otel_context.detach(token)
         if isinstance(answer, StreamAnswer):
             answer.close = _then(answer.close, client.end)
         else:

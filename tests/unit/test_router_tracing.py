@@ -1,21 +1,27 @@
 """The router's spans (router/tracing.py) against fake workers: one request is a server span, an attempt span and a
 span per leg, with the pair, the bootstrap room and the outcome; each leg's request carries its own `traceparent` of
-the same trace; a retry is a second attempt span with the reason; tracing off makes no span and sends no header."""
+the same trace; a retry is a second attempt span with the reason; the router's log lines about a request carry its
+trace and span ids; tracing off makes no span, sends no header and leaves the log lines as they were."""
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 
 import httpx
 import pytest
+from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pdcluster import otel
+from pdcluster.logs import JsonLineFormatter
 from router import tracing
 from router.config import RouterConfig
 from tests.fakes import Behaviour, FakeWorker
+from tests.helpers import until
 from tests.unit.test_router_pd import cluster
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -139,3 +145,75 @@ def test_the_router_refuses_variables_it_cannot_honour(monkeypatch):
     made = tracing.from_config(RouterConfig(bootstrap_url=None, tracing=True))
     assert made is not None
     made.provider.shutdown()
+
+
+def logged(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, list[dict]]:
+    """The router's JSON log lines about one request, by message, as its formatter writes them."""
+    formatter = JsonLineFormatter("router")
+    lines: dict[str, list[dict]] = {}
+    for record in caplog.records:
+        if record.name == "pdcluster.router" and getattr(record, "request_id", None) == request_id:
+            line = json.loads(formatter.format(record))
+            lines.setdefault(line["msg"], []).append(line)
+    return lines
+
+
+def test_a_traced_requests_log_lines_carry_its_trace_id_and_the_span_they_happened_in(spans, caplog):
+    caplog.set_level(logging.INFO, logger="pdcluster.router")
+    prefill, decode = FakeWorker(Behaviour(status=500)), FakeWorker(Behaviour(hang=True))
+    with cluster(prefill, decode, tracing=True, max_attempts=1) as url:
+        response = httpx.post(f"{url}/generate", json={"text": "hi"}, timeout=30,
+                              headers={"traceparent": f"00-{CLIENT_TRACE}-b7ad6b7169203331-01", "x-request-id": "r2"})
+        assert response.status_code == 502
+        by_name = finished(spans, 4)
+        assert until(lambda: "abort sent" in logged(caplog, "r2"))
+    (server,), (attempt,) = by_name["POST /generate"], by_name["attempt"]
+    lines = logged(caplog, "r2")
+    for message, span in (("dispatch", server), ("attempt failed", server), ("answered", server),
+                          ("abort sent", attempt)):  # the decode's abort, sent as the attempt ended
+        (line,) = lines[message]
+        assert line["trace_id"] == CLIENT_TRACE, message
+        assert line["span_id"] == f"{span.context.span_id:016x}", message
+
+
+def test_a_broken_streams_log_line_carries_its_trace_id(spans, caplog):
+    """The relay runs after the route has returned its answer: the request's span is still the current one."""
+    caplog.set_level(logging.INFO, logger="pdcluster.router")
+    prefill, decode = FakeWorker(Behaviour(hang=True)), FakeWorker(Behaviour(chunks=5, drop_after_chunks=2))
+    with cluster(prefill, decode, tracing=True) as url:
+        with httpx.stream("POST", f"{url}/generate", json={"text": "hi", "stream": True}, timeout=10,
+                          headers={"x-request-id": "r3"}) as response:
+            assert response.status_code == 200
+            response.read()
+        by_name = finished(spans, 4)
+    (server,) = by_name["POST /generate"]
+    (line,) = logged(caplog, "r3")["stream broke"]
+    assert line["trace_id"] == f"{server.context.trace_id:032x}"
+    assert line["span_id"] == f"{server.context.span_id:016x}"
+
+
+def test_a_client_that_leaves_still_ends_the_server_span(spans):
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(hang=True))
+    with cluster(prefill, decode, tracing=True) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/generate", json={"text": "hi"}, timeout=1)
+        by_name = finished(spans, 4)
+    (server,) = by_name["POST /generate"]
+    assert server.attributes["pdcluster.cancelled"] is True
+    assert by_name["attempt"][0].attributes["pdcluster.outcome"] == "client gone"
+
+
+def test_tracing_off_leaves_the_log_lines_as_they_were_and_makes_no_sdk_object(monkeypatch, caplog):
+    monkeypatch.delenv(otel.SWITCH, raising=False)
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("an OpenTelemetry SDK object was made with tracing off")
+
+    monkeypatch.setattr(sdk_trace.TracerProvider, "__init__", refused)
+    monkeypatch.setattr(sdk_trace.Span, "__init__", refused)
+    caplog.set_level(logging.INFO, logger="pdcluster.router")
+    with cluster(FakeWorker(), FakeWorker()) as url:
+        assert httpx.post(f"{url}/generate", json={"text": "hi"}, headers={"x-request-id": "r4"}).status_code == 200
+    lines = logged(caplog, "r4")
+    assert {"dispatch", "answered"} <= set(lines)
+    assert not any("trace_id" in line or "span_id" in line for found in lines.values() for line in found)
