@@ -88,8 +88,8 @@ class TraceIds(logging.Filter):
 
 _LOG = logging.getLogger("pdcluster.router")  # every router module's
 _TRACE_IDS = TraceIds()
-# How long a router that stops waits for its last spans to leave: the SDK's own exit flush waits up to 30 s per
-# processor, and a collector that hangs would hold it that long, past the platform's grace period.
+# How long a router that stops waits for its last spans to leave. The SDK's exit handler never runs (uvicorn ends
+# the process by the signal it caught), and it would wait 30 s on a collector that hangs: past a grace period.
 FLUSH_AT_STOP = 5.0
 
 
@@ -101,8 +101,7 @@ class RouterTracing:
         from opentelemetry.sdk.trace import TracerProvider
 
         resource = Resource.create({SERVICE_NAME: otel.service_name(os.environ, "router")})
-        # Flushed by `close`; the SDK's exit handler stays, for a router whose lifespan never ended.
-        self.provider = TracerProvider(resource=resource)
+        self.provider = TracerProvider(resource=resource)  # flushed by `close`
         self.provider.add_span_processor(processor)
         self.tracer = self.provider.get_tracer("pdcluster.router")
         _LOG.addFilter(_TRACE_IDS)
