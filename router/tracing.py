@@ -11,7 +11,8 @@ Each leg's request carries its own `traceparent`, so SGLang's spans (`--enable-t
 made by hand: the PD routes bypass FastAPI (router/edge.py) and the data plane has its own client (router/upstream.py).
 Exports run in the SDK's batch thread: a slow or absent collector costs dropped spans, never a request's time.
 The request's span is OpenTelemetry's current one while it is answered (a stream's until its end), so that the
-router's log records about it carry its `trace_id` and `span_id` (TraceIds).
+router's log records about it carry its `trace_id` and `span_id` (TraceIds). A request the sampler leaves out
+(OTEL_TRACES_SAMPLER, which the SDK reads) makes no other span: its legs carry its unsampled `traceparent` only.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def from_config(config: RouterConfig) -> RouterTracing | None:
     return RouterTracing(span_processor()) if otel.enabled(config.tracing) else None
 
 
-def current() -> RequestTrace | None:
+def current() -> RequestTrace | SampledOut | None:
     request = otel_context.get_value(_REQUEST)
-    return request if isinstance(request, RequestTrace) else None
+    return request if isinstance(request, RequestTrace | SampledOut) else None
 
 
 def span_processor() -> SpanProcessor:
@@ -118,6 +119,8 @@ class RouterTracing:
         parent = _PROPAGATOR.extract(headers) if "traceparent" in headers else None
         span = self.tracer.start_span(f"POST {route}", parent, SpanKind.SERVER,
                                       {"http.request.method": "POST", "http.route": route})
+        if not span.is_recording():  # sampled out (OTEL_TRACES_SAMPLER): made cheaply, as most requests may be
+            return otel_context.attach(otel_context.set_value(_REQUEST, SampledOut(span)))
         request = RequestTrace(self.tracer, span)
         return otel_context.attach(otel_context.set_value(_REQUEST, request, request.context))
 
@@ -125,6 +128,9 @@ class RouterTracing:
         """The answer is made: the span ends now, or with the stream (current until then: the relay logs too)."""
         request = current()
         assert request is not None  # attached by `start`, in this task
+        if isinstance(request, SampledOut):
+            otel_context.detach(token)
+            return
         span = request.span
         span.set_attributes({"pdcluster.request_id": request_id, "http.response.status_code": answer.status})
         if answer.status >= 500:
@@ -136,7 +142,7 @@ class RouterTracing:
 
     def abandon(self, token: Token[otel_context.Context], exc: BaseException) -> None:
         """No answer: the client left (the task is cancelled) or the router failed; the span ends all the same."""
-        if (request := current()) is not None:
+        if isinstance(request := current(), RequestTrace):
             if isinstance(exc, asyncio.CancelledError):
                 request.span.set_attribute("pdcluster.cancelled", True)
             else:
@@ -157,6 +163,21 @@ def _then(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], N
         finally:
             then()
     return both
+
+
+class SampledOut:
+    """A request the sampler left out: no span but the server's, which is not recorded, and nothing current; both
+    legs carry its `traceparent`, whose flags have SGLang leave its spans out too."""
+
+    def __init__(self, span: trace.Span):
+        context = span.get_span_context()
+        self.headers = {"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"}
+        if context.trace_state:
+            self.headers["tracestate"] = context.trace_state.to_header()
+
+    async def attempt(self, attempt: Attempt) -> Answer | StreamAnswer:
+        attempt.request.headers.update(self.headers)
+        return await attempt.answer()
 
 
 class RequestTrace:

@@ -217,3 +217,21 @@ def test_tracing_off_leaves_the_log_lines_as_they_were_and_makes_no_sdk_object(m
     lines = logged(caplog, "r4")
     assert {"dispatch", "answered"} <= set(lines)
     assert not any("trace_id" in line or "span_id" in line for found in lines.values() for line in found)
+
+
+def test_a_sampled_out_request_makes_no_span_and_its_legs_carry_an_unsampled_traceparent(spans, monkeypatch):
+    """The SDK's own sampler settings: 0 of the router's own traces, all of those a client sampled."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    prefill, decode = FakeWorker(), FakeWorker()
+    with cluster(prefill, decode, tracing=True) as url:
+        assert httpx.post(f"{url}/generate", json={"text": "hi"}).status_code == 200
+        assert until(lambda: prefill.received_headers)  # the prefill's half may trail the answer
+        assert spans.get_finished_spans() == ()
+        (p_headers,), (d_headers,) = prefill.received_headers, decode.received_headers
+        assert p_headers["traceparent"] == d_headers["traceparent"]  # one trace, both legs: SGLang drops both
+        assert int(p_headers["traceparent"].split("-")[3], 16) & 1 == 0  # not sampled
+        sampled = f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"
+        assert httpx.post(f"{url}/generate", json={"text": "hi"}, headers={"traceparent": sampled}).status_code == 200
+        assert {s.name for s in finished(spans, 4)["attempt"]} == {"attempt"}
+    assert trace_id(decode.received_headers[1]["traceparent"]) == CLIENT_TRACE
