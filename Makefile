@@ -15,7 +15,7 @@ MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap prometheus
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
-	bench-persistence bench-kv-handoff bench-clients clean
+	bench-tracing bench-persistence bench-kv-handoff bench-clients clean
 
 setup: system-packages venv model
 
@@ -72,6 +72,11 @@ up:
 
 bench:
 	$(PY) -m bench.router
+
+# The router's CPU per request with tracing off, on, and on with 1% of requests sampled, on fake workers (~3 min):
+# bench/results/tracing-cost.json and .png.
+bench-tracing:
+	$(PY) -m bench.tracing_cost
 
 # Real clusters on the CPU demo model under sglang.bench_serving (~18 min): our router vs SGLang's (and vs an
 # identical twin of ours: the noise), PD vs colocated, prefix vs round robin, sleep-on-idle on vs off, idle CPU:

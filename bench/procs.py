@@ -141,18 +141,21 @@ def start_fake(name: str, log_dir: Path, chunks: int) -> Proc:
 
 
 def start_ours(name: str, log_dir: Path, prefills: list[Worker], decodes: list[Worker], policy: str = "round_robin",
-               log_level: str = "warning", workers: int = 1) -> Proc:
+               log_level: str = "warning", workers: int = 1, settings: dict | None = None,
+               env: dict[str, str] | None = None) -> Proc:
     """Our router over a static list of workers (no bootstrap service: it must not discover any other worker). One
-    process by default: next to real SGLang workers on 2 cores, they need the other core."""
+    process by default: next to real SGLang workers on 2 cores, they need the other core. `settings`: more of its
+    config's keys."""
     port = free_port()
     config = {"host": HOST, "port": port, "bootstrap_url": None,
               "prefill": [{"url": w.url, "kv_bootstrap_port": w.kv_bootstrap_port,
                            **({"forward_tokens": w.forward_tokens} if w.forward_tokens else {})} for w in prefills],
               "decode": [{"url": w.url} for w in decodes],
-              "prefill_policy": policy, "decode_policy": "round_robin", "log_level": log_level, "workers": workers}
+              "prefill_policy": policy, "decode_policy": "round_robin", "log_level": log_level, "workers": workers,
+              **(settings or {})}
     path = log_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    return start(name, [sys.executable, "-m", "router", "--config", str(path)], log_dir, port)
+    return start(name, [sys.executable, "-m", "router", "--config", str(path)], log_dir, port, env)
 
 
 def start_sglang(log_dir: Path, prefill: Worker, decode: Worker) -> Proc:

@@ -1,0 +1,212 @@
+"""`python -m bench.tracing_cost`: the router's CPU per request with tracing off and on, on FAKE workers.
+
+Three routers (`python -m router`, one process each) over the same two fake SGLang workers (bench/fake_worker.py):
+tracing off; on, every request traced; on, 1% of requests sampled (OTEL_TRACES_SAMPLER). The traced ones export over
+real OTLP/HTTP (the SDK's batch processor and OTLP exporter at their defaults, as in production) to a receiver in this
+process (bench/otlp_receiver.py) that decodes every batch. Each round drives each router with wrk (the router
+benchmark's harness, bench/router.py), plain and streamed, in turn, which goes first rotating; a router's cost is its
+process's CPU seconds (every thread: the exporter's too) over the requests it answered, not wall time. It writes
+bench/results/tracing-cost.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import loadgen, procs, report
+from bench.otlp_receiver import Receiver
+from bench.plot import pyplot, save, stamp
+from bench.router import RESULTS, measure, sanity_check, wait_for_quiet
+
+TARGET = 1.05  # tracing on may cost the router at most 5% more CPU per request
+SAMPLED = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01"}
+VARIANTS: dict[str, dict[str, str]] = {"off": {}, "on": {}, "sampled": SAMPLED}  # name: its own OTEL_* variables
+TRACED = ("on", "sampled")
+SPANS_PER_REQUEST = 4  # server, attempt, prefill, decode
+LABELS = {"off": "off", "on": "on", "sampled": "on, 1% sampled"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear between the closest ranks (few rounds: no sample is wasted)."""
+    ordered = sorted(values)
+    at = (len(ordered) - 1) * q / 100
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def derive(cells: list[dict], modes: list[str]) -> dict:
+    """Per mode: each variant's CPU ms per request over the rounds, and on / off per round (paired within a round,
+    so that a machine slower in one round weighs on both), as percentiles over the rounds and pooled."""
+    out: dict = {}
+    for mode in modes:
+        rounds = sorted({c["round"] for c in cells if c["mode"] == mode})
+        cpu = {v: [next(c for c in cells if (c["mode"], c["round"], c["target"]) == (mode, r, v))
+                   for r in rounds] for v in VARIANTS}
+        per_request = {v: [c["target_cpu_ms_per_request"] for c in cpu[v]] for v in VARIANTS}
+        pooled = {v: sum(c["target_cpu_ms_per_request"] * c["requests"] for c in cpu[v]) /
+                  sum(c["requests"] for c in cpu[v]) for v in VARIANTS}
+        out[mode] = {f"cpu_ms_per_request_{v}": {f"p{q}": round(percentile(per_request[v], q), 4)
+                                                 for q in (10, 50, 90)} for v in VARIANTS}
+        for v in TRACED:
+            ratios = [on / off for off, on in zip(per_request["off"], per_request[v], strict=True)]
+            out[mode][f"ratio_{v}_over_off"] = {f"p{q}": round(percentile(ratios, q), 4) for q in (10, 50, 90)}
+            out[mode][f"ratio_{v}_per_round"] = [round(r, 4) for r in ratios]
+            out[mode][f"ratio_{v}_pooled"] = round(pooled[v] / pooled["off"], 4)
+        out[mode]["req_per_s_p50"] = {v: round(percentile([c["req_per_s"] for c in cpu[v]], 50)) for v in VARIANTS}
+    verdicts = {f"{mode}, {v}: median {v} / off <= {TARGET}": {
+        "value": d[f"ratio_{v}_over_off"]["p50"], "pass": d[f"ratio_{v}_over_off"]["p50"] <= TARGET}
+        for mode, d in out.items() for v in TRACED}
+    bad = [f"{c['target']}/{c['mode']}/round {c['round']}" for c in cells if c["errors_total"] or c["stalled"]]
+    return {"modes": out, "verdicts": verdicts, "cells_with_errors": bad,
+            "contended_cells": [f"{c['target']}/{c['mode']}/round {c['round']}" for c in cells if c["contended"]]}
+
+
+def draw(result: dict, path: Path) -> None:
+    from matplotlib import ticker
+
+    modes = list(result["derived"]["modes"])
+    fig, axes = pyplot().subplots(1, 2, figsize=(13, 5))
+    colors = {"plain": "#1f77b4", "stream": "#ff7f0e"}
+    for mode in modes:
+        cells = [c for c in result["cells"] if c["mode"] == mode]
+        for variant, (marker, line) in zip(VARIANTS, (("o", ":"), ("^", "-"), ("s", "--")), strict=True):
+            mine = sorted((c["round"], c["target_cpu_ms_per_request"]) for c in cells if c["target"] == variant)
+            axes[0].plot([r for r, _ in mine], [v for _, v in mine], marker=marker, color=colors[mode],
+                         linestyle=line, label=f"{mode}, tracing {LABELS[variant]}")
+        for variant, marker in zip(TRACED, ("^", "s"), strict=True):
+            ratios = result["derived"]["modes"][mode][f"ratio_{variant}_per_round"]
+            axes[1].plot(range(len(ratios)), ratios, marker=marker, color=colors[mode],
+                         label=f"{mode}, {LABELS[variant]}")
+    axes[0].set_title("Router CPU ms per request, per round (lower is better)")
+    axes[0].set_xlabel("round")
+    axes[0].set_ylim(bottom=0)
+    axes[0].legend(fontsize=8)
+    axes[1].axhline(TARGET, color="red", linestyle="--", label=f"target {TARGET}")
+    axes[1].axhline(1.0, color="#9e9e9e", linewidth=0.8)
+    axes[1].set_title("Tracing on / off, CPU per request, per round (log)")
+    axes[1].set_yscale("log")
+    axes[1].yaxis.set_major_formatter(ticker.ScalarFormatter())
+    axes[1].yaxis.set_minor_formatter(ticker.ScalarFormatter())
+    axes[1].set_xlabel("round")
+    axes[1].legend(fontsize=8)
+    for ax in axes:
+        ax.grid(alpha=0.3, which="both")
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    s = result["settings"]
+    fig.suptitle(f"Tracing's CPU cost in the router, FAKE workers, concurrency {s['concurrency']} "
+                 f"({stamp(result['machine'])})")
+    save(fig, path)
+
+
+def table(result: dict) -> str:
+    """bench/README.md's table (bench/tables.py): medians over the rounds, the ratios' p10-p90 beside."""
+    s, rows = result["settings"], []
+    for mode, d in result["derived"]["modes"].items():
+        cpu = {v: f"{d[f'cpu_ms_per_request_{v}']['p50']:.3f}" for v in VARIANTS}
+        ratio = {v: "{p50:.2f} ({p10:.2f}-{p90:.2f})".format(**d[f"ratio_{v}_over_off"]) for v in TRACED}
+        rows.append(f"| {mode} | {cpu['off']} | {cpu['on']} | {ratio['on']} | {cpu['sampled']} | {ratio['sampled']} |")
+    return (f"{s['rounds']} rounds of {s['duration_s']} s per router and mode, concurrency {s['concurrency']}, FAKE "
+            "workers; router CPU ms per request (median), on / off per round (p50, p10-p90):\n\n"
+            "| mode | off | on | on / off | 1% sampled | sampled / off |\n|---|---|---|---|---|---|\n"
+            + "\n".join(rows))
+
+
+def requests_answered(proc: procs.Proc) -> int:
+    _, body = procs.request(proc.port, "GET", "/metrics")
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+                   if line.startswith("pdcluster_router_requests_total{")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tracing_cost", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6, help="rounds, each measuring every router (default 6)")
+    parser.add_argument("--duration", type=int, default=3, help="measured seconds per cell (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured seconds before each cell (default 1)")
+    parser.add_argument("--concurrency", type=int, default=32, help="wrk connections (default 32)")
+    parser.add_argument("--modes", nargs="+", default=["plain", "stream"], choices=["plain", "stream"])
+    parser.add_argument("--chunks", type=int, default=16, help="SSE chunks per streamed answer (default 16)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where tracing-cost.json and .png go")
+    parser.add_argument("--quiet-wait", type=float, default=30,
+                        help="wait up to this many seconds for other work on the machine to stop (default 30)")
+    args = parser.parse_args(argv)
+    loadgen.wrk_path()
+    busy_before = wait_for_quiet(args.quiet_wait)
+    logs = Path(tempfile.mkdtemp(prefix="bench-tracing-"))
+    print(f"bench: FAKE workers (bench/fake_worker.py); process logs in {logs}", flush=True)
+    machine = {**report.machine(), "wrk": loadgen.wrk_version(), "cores_busy_before_start": busy_before}
+    started: list[procs.Proc] = []
+    cells: list[dict] = []
+    with Receiver(keep=False) as collector:
+        try:
+            fakes = [procs.start_fake(name, logs, args.chunks) for name in ("fake_prefill", "fake_decode")]
+            started += fakes
+            for fake in fakes:
+                procs.wait_ready(fake, lambda f=fake: procs.request(f.port, "GET", "/health")[0] == 200, 30)
+            pair = procs.Worker("fake_prefill", fakes[0].url, procs.BOOTSTRAP_PORT), procs.Worker("fake_decode",
+                                                                                                   fakes[1].url)
+            # The OTEL_* variables an operator sets; the SDK's batching left at its defaults, as in production.
+            env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                   "OTEL_TRACES_EXPORTER": "otlp"}
+            routers = {v: procs.start_ours(f"router_{v}", logs, [pair[0]], [pair[1]],
+                                           settings={"tracing": v != "off"}, env={**env, **own})
+                       for v, own in VARIANTS.items()}
+            started += routers.values()
+            for name, proc in routers.items():
+                procs.wait_ready(proc, lambda p=proc: procs.generate_ok(p.port), 60)
+                sanity_check(f"router_{name}", proc.port, args.chunks)
+            watched = {"fake_prefill": fakes[0], "fake_decode": fakes[1], **{f"router_{v}": p
+                                                                            for v, p in routers.items()}}
+            print(f"{'round':>5} {'mode':7} {'tracing':8} {'requests':>9} {'req/s':>8} {'CPU ms/req':>11}", flush=True)
+            order = list(VARIANTS)
+            for r in range(args.rounds):
+                for mode in args.modes:
+                    for variant in order[r % len(order):] + order[:r % len(order)]:
+                        cell = measure(variant, routers[variant].port, args.concurrency, mode, args, watched)
+                        cells.append({**cell, "round": r})
+                        print(f"{r:>5} {mode:7} {variant:8} {cell['requests']:>9} {cell['req_per_s']:>8.0f} "
+                              f"{cell['target_cpu_ms_per_request']:>11.4f}", flush=True)
+            answered = {v: requests_answered(routers[v]) for v in TRACED}
+            for v in TRACED:
+                routers[v].stop()  # it sends what it still holds as it stops
+        finally:
+            for proc in reversed(started):
+                proc.stop()
+        spans = collector.count
+    result = {
+        "benchmark": "the router's CPU per request with tracing off and on (OTLP/HTTP to an in-process receiver), "
+                     "on FAKE SGLang workers",
+        "settings": {"rounds": args.rounds, "duration_s": args.duration, "warmup_s": args.warmup,
+                     "concurrency": args.concurrency, "modes": args.modes, "chunks_per_stream": args.chunks,
+                     "router_processes": 1, "load_generator": "wrk -t1, closed loop", "target_ratio": TARGET,
+                     "exporter": "OTLP/HTTP protobuf, the SDK's BatchSpanProcessor at its defaults"},
+        "machine": {**machine, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
+        "cells": cells, "derived": derive(cells, args.modes),
+        # Every request of `on` and 1% of `sampled`'s make SPANS_PER_REQUEST spans: fewer means some were dropped.
+        "spans": {"requests": answered, "received": spans, "expected": round(SPANS_PER_REQUEST * (
+            answered.get("on", 0) + answered.get("sampled", 0) * float(SAMPLED["OTEL_TRACES_SAMPLER_ARG"])))},
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tracing-cost.json").write_text(json.dumps(result, indent=2) + "\n")
+    draw(result, args.out / "tracing-cost.png")
+    for mode, d in result["derived"]["modes"].items():
+        print(f"{mode}: CPU ms/request (median) " + ", ".join(
+            f"{LABELS[v]} {d[f'cpu_ms_per_request_{v}']['p50']}" for v in VARIANTS))
+        for v in TRACED:
+            r = d[f"ratio_{v}_over_off"]
+            print(f"  {LABELS[v]} / off: p10 {r['p10']}, p50 {r['p50']}, p90 {r['p90']} "
+                  f"(pooled {d[f'ratio_{v}_pooled']})")
+    print(f"spans received {spans}, expected ~{result['spans']['expected']}")
+    for name, v in result["derived"]["verdicts"].items():
+        print(f"  {'PASS' if v['pass'] else 'FAIL'}  {name}: {v['value']}")
+    print(f"bench: wrote {args.out / 'tracing-cost.json'} and .png (FAKE workers)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
