@@ -24,6 +24,15 @@ def test_tracing_on_reaches_every_component_with_where_spans_go(chart):
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel:4318", component
         assert env["OTEL_EXPORTER_OTLP_PROTOCOL"]["value"] == "http/protobuf", component
         assert "OTEL_SERVICE_NAME" not in env, component  # one name for all would hide which role a span is from
+        assert env["OTEL_TRACES_SAMPLER"]["value"] == "parentbased_traceidratio", component
+        assert float(env["OTEL_TRACES_SAMPLER_ARG"]["value"]) == 1.0, component  # every request, as the SDK's default
+
+
+def test_tracing_samples_a_share_of_requests_everywhere_alike(chart):
+    """The router decides; the workers' SGLang follows the decision its `traceparent` carries."""
+    docs = render(chart, {"tracing": {"enabled": True, "sampleRatio": 0.01}})
+    for component in COMPONENTS:
+        assert env_of(container(workloads(docs)[component]))["OTEL_TRACES_SAMPLER_ARG"]["value"] == "0.01", component
 
 
 def test_prometheus_scrapes_the_router_and_workers_with_metrics(rendered):

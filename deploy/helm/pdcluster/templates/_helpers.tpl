@@ -133,5 +133,9 @@ checksum/secrets: {{ toJson .Values.secrets | sha256sum }}
 {{- end }}
 - name: OTEL_EXPORTER_OTLP_PROTOCOL
   value: {{ .Values.tracing.protocol | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: parentbased_traceidratio
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .Values.tracing.sampleRatio | quote }}
 {{- end }}
 {{- end }}
