@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import pd_report
+from bench import pd_report, tracing_cost
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
@@ -268,6 +268,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "idle": idle,
     "decode-only": decode_only,
     "kv-handoff": kv_handoff,
+    "tracing-cost": lambda: source(load("tracing-cost.json"), "tracing-cost.json") + " "
+    + tracing_cost.table(load("tracing-cost.json")),
 }
 
 

@@ -111,8 +111,8 @@ def table(result: dict) -> str:
         cpu = {v: f"{d[f'cpu_ms_per_request_{v}']['p50']:.3f}" for v in VARIANTS}
         ratio = {v: "{p50:.2f} ({p10:.2f}-{p90:.2f})".format(**d[f"ratio_{v}_over_off"]) for v in TRACED}
         rows.append(f"| {mode} | {cpu['off']} | {cpu['on']} | {ratio['on']} | {cpu['sampled']} | {ratio['sampled']} |")
-    return (f"{s['rounds']} rounds of {s['duration_s']} s per router and mode, concurrency {s['concurrency']}, FAKE "
-            "workers; router CPU ms per request (median), on / off per round (p50, p10-p90):\n\n"
+    return (f"{s['rounds']} rounds, concurrency {s['concurrency']}, FAKE workers; CPU ms per request (median), ratios "
+            "p50 (p10-p90):\n\n"
             "| mode | off | on | on / off | 1% sampled | sampled / off |\n|---|---|---|---|---|---|\n"
             + "\n".join(rows))
 
