@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from pdcluster.config_file import field_path
 from pdcluster.http import ApiError
-from router.chat_checks import check_tool_use, empty_content_not_given, response_format_schema
+from router.chat_checks import assistant_fields, check_tool_use, empty_content_not_given, response_format_schema
 from router.inventory.native import GENERATE, SAMPLING
 from router.inventory.openai import CHAT, COMPLETION, MESSAGE
 from router.inventory.rules import MAX_BATCH, Decision, PairLimit, Rule
@@ -237,6 +237,7 @@ def check_chat(body: dict[str, Any]) -> Checked:
         empty_content_not_given(message)
         _apply("message", message, f"messages[{i}].")
         checks.gather(MESSAGE, message, f"messages[{i}].")
+    assistant_fields(body["messages"])
     response_format_schema(body.get("response_format"))
     tool_bytes = check_tool_use(body)
     rid = body.get("rid")

@@ -24,7 +24,7 @@ grammar, {rules.MAX_MESSAGES} chat messages; a body over the router's `max_body_
 
 
 MARK = {Decision.PASSED: "passed", Decision.BOUNDED: "bounded", Decision.ROUTER: "router's own",
-        Decision.IGNORED: "ignored (accepted, not sent)", Decision.REFUSED: "**refused**"}
+        Decision.IGNORED: "ignored (accepted, not sent)", Decision.MAPPED: "mapped", Decision.REFUSED: "**refused**"}
 
 
 def render(version: str) -> str:

@@ -37,6 +37,7 @@ from router.inventory.rules import (
     TopLogprobs,
     bounded,
     ignored,
+    mapped,
     passed,
     refused,
     router,
@@ -121,15 +122,25 @@ class ToolCall(_Strict):
 
 ToolChoice = Literal["none", "auto", "required"] | NamedTool
 
-# A chat message. Non-text parts are refused with the fields that need them.
+# A chat message. Non-text parts are refused with the fields that need them. OpenAI's own fields of an assistant
+# message are those its clients send back as they got them (openai-python's `message.model_dump()`): SGLang drops
+# them, so each is decided as what it meant (router/chat_checks.py's `assistant_fields`).
 MESSAGE: dict[str, Rule] = {
-    "role": bounded("system, user, assistant, developer or tool",
-                    Literal["system", "user", "assistant", "developer", "tool"]),
+    "role": bounded("system, user, assistant, developer, tool; function (deprecated): sent as a tool message "
+                    "answering the function_call before it",
+                    Literal["system", "user", "assistant", "developer", "tool", "function"]),
     "content": bounded("text, or a list of text parts (or none beside tool_calls)", Content),
     "name": passed("", Name | None),
     "tool_calls": bounded(f"an assistant's: at most {MAX_TOOLS}, arguments a JSON object as text",
                           Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
     "tool_call_id": bounded("a tool message's: the call it answers", CallId, PairLimit.TOOL_PARSER),
+    "function_call": mapped("an assistant's deprecated single call: sent as its tool_calls, its id function_call_1 "
+                            "in messages[1]", CalledFunction, PairLimit.TOOL_PARSER),
+    "refusal": mapped("an assistant's refusal: sent as its content if it has none, else left out", StrictStr),
+    "annotations": ignored("an assistant's citations (OpenAI's web search): no template renders them",
+                           list[dict[str, Any]]),
+    "audio": refused("an earlier audio answer, kept by OpenAI under its id: a text model has none to render; send its "
+                     "transcript as content"),
     "tools": refused("one model family's: use the request's tools"),
     "reasoning_content": refused(REASONING),
     "phase": refused(REASONING),
