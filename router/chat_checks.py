@@ -59,7 +59,7 @@ def assistant_fields(messages: list[dict[str, Any]]) -> None:
     answered = None  # the id of the function_call a function message answers
     for i, message in enumerate(messages):
         where, role = f"messages[{i}].", message["role"]
-        for key in ("function_call", "refusal"):
+        for key in ("function_call", "refusal", "reasoning_content"):
             if key in message and role != "assistant":
                 raise ApiError(400, f"{where}{key}: only an assistant's message has one", f"{where}{key}")
         refusal = message.pop("refusal", None)

@@ -245,6 +245,7 @@ def check_chat(body: dict[str, Any]) -> Checked:
         raise ApiError(400, "rid: a chat request takes one id", "rid")
     texts = [part["text"] if isinstance(part, dict) else part for message in body["messages"] if "content" in message
              for part in (message["content"] if isinstance(message["content"], list) else [message["content"]])]
+    texts += [message["reasoning_content"] for message in body["messages"] if "reasoning_content" in message]
     return Checked(None, body.get("stream") is True, body["messages"][0].get("content"), client_rid=_client_rid(
         rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
         prompt_tokens=text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]) + tool_bytes // CHARS_PER_TOKEN,

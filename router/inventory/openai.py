@@ -43,7 +43,7 @@ from router.inventory.rules import (
     router,
 )
 
-TEMPLATE = "chat-template settings are the operator's: a client's value reached the template engine and failed there"
+REASONING_PARSER = "acts only where the decode runs a reasoning parser"
 
 
 class _Strict(BaseModel):
@@ -53,6 +53,14 @@ class _Strict(BaseModel):
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
+
+
+class ThinkingSwitches(_Strict):
+    """The two names SGLang's reasoning code reads a template's switch by (serving_chat.py's
+    `_get_reasoning_toggle_param`): a boolean reaches the template as one variable more, which breaks none."""
+
+    enable_thinking: bool | None = None
+    thinking: bool | None = None
 
 
 class StreamOptions(_Strict):
@@ -137,12 +145,13 @@ MESSAGE: dict[str, Rule] = {
     "function_call": mapped("an assistant's deprecated single call: sent as its tool_calls, its id function_call_1 "
                             "in messages[1]", CalledFunction, PairLimit.TOOL_PARSER),
     "refusal": mapped("an assistant's refusal: sent as its content if it has none, else left out", StrictStr),
+    "reasoning_content": passed("an assistant's, as SGLang's reasoning parser answered it: for the templates that "
+                                "render it", StrictStr),
     "annotations": ignored("an assistant's citations (OpenAI's web search): no template renders them",
                            list[dict[str, Any]]),
     "audio": refused("an earlier audio answer, kept by OpenAI under its id: a text model has none to render; send its "
                      "transcript as content"),
     "tools": refused("one model family's: use the request's tools"),
-    "reasoning_content": refused(REASONING),
     "phase": refused(REASONING),
     "prefix": refused("continues a message the model wrote: use continue_final_message"),
 }
@@ -214,8 +223,8 @@ CHAT: dict[str, Rule] = {
     "return_meta_info": passed("", Flag),
     "return_input_ids_in_sglext": passed("", Flag),
     "return_output_ids_in_sglext": passed("", Flag),
-    "separate_reasoning": passed("only acts with a reasoning parser on the workers", Flag),
-    "stream_reasoning": passed("only acts with a reasoning parser on the workers", Flag),
+    "separate_reasoning": passed(REASONING_PARSER, Flag),
+    "stream_reasoning": passed(REASONING_PARSER, Flag),
     "tools": bounded(f"at most {MAX_TOOLS} functions; their parameters schemas together are a grammar",
                      Annotated[list[Tool], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
     "tool_choice": bounded("none, auto, required or a named function (of tools)", ToolChoice),
@@ -229,7 +238,9 @@ CHAT: dict[str, Rule] = {
                                 " steers another client's request", Name | None),
     "safety_identifier": ignored(OPENAI_SERVICE + " (an end-user id for its abuse checks)", Name | None),
     "verbosity": ignored("a setting of OpenAI's reasoning models", Literal["low", "medium", "high"] | None),
-    "chat_template_kwargs": refused(TEMPLATE),
+    "chat_template_kwargs": bounded("enable_thinking and thinking only, true or false (SGLang's reasoning switches): "
+                                    "a client's other values reached the template engine and failed there",
+                                    ThinkingSwitches | None),
     "reasoning_effort": refused(REASONING + "; it reaches the chat template"),
     "thinking": refused(REASONING + "; it reaches the chat template"),
     "task": refused("a task tag of one model family's chat template"),
