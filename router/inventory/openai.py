@@ -142,15 +142,12 @@ MESSAGE: dict[str, Rule] = {
     "tool_calls": bounded(f"an assistant's: at most {MAX_TOOLS}, arguments a JSON object as text",
                           Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
     "tool_call_id": bounded("a tool message's: the call it answers", CallId, PairLimit.TOOL_PARSER),
-    "function_call": mapped("an assistant's deprecated single call: sent as its tool_calls, its id function_call_1 "
-                            "in messages[1]", CalledFunction, PairLimit.TOOL_PARSER),
-    "refusal": mapped("an assistant's refusal: sent as its content if it has none, else left out", StrictStr),
-    "reasoning_content": passed("an assistant's, as SGLang's reasoning parser answered it: for the templates that "
-                                "render it", StrictStr),
-    "annotations": ignored("an assistant's citations (OpenAI's web search): no template renders them",
-                           list[dict[str, Any]]),
-    "audio": refused("an earlier audio answer, kept by OpenAI under its id: a text model has none to render; send its "
-                     "transcript as content"),
+    "function_call": mapped("deprecated: sent as the assistant's one tool call, id function_call_1 in messages[1]",
+                            CalledFunction, PairLimit.TOOL_PARSER),
+    "refusal": mapped("sent as the content of an assistant's turn without one, else left out", StrictStr),
+    "reasoning_content": passed("an assistant's, as SGLang's reasoning parser answered it", StrictStr),
+    "annotations": ignored("an assistant's citations: no template renders them", list[dict[str, Any]]),
+    "audio": refused("an audio answer OpenAI keeps by id: a text model has none; send its transcript as content"),
     "tools": refused("one model family's: use the request's tools"),
     "phase": refused(REASONING),
     "prefix": refused("continues a message the model wrote: use continue_final_message"),
@@ -238,8 +235,8 @@ CHAT: dict[str, Rule] = {
                                 " steers another client's request", Name | None),
     "safety_identifier": ignored(OPENAI_SERVICE + " (an end-user id for its abuse checks)", Name | None),
     "verbosity": ignored("a setting of OpenAI's reasoning models", Literal["low", "medium", "high"] | None),
-    "chat_template_kwargs": bounded("enable_thinking and thinking only, true or false (SGLang's reasoning switches): "
-                                    "a client's other values reached the template engine and failed there",
+    "chat_template_kwargs": bounded("only SGLang's reasoning switches, enable_thinking and thinking, as booleans: "
+                                    "other values reached the template engine and failed there",
                                     ThinkingSwitches | None),
     "reasoning_effort": refused(REASONING + "; it reaches the chat template"),
     "thinking": refused(REASONING + "; it reaches the chat template"),

@@ -30,8 +30,8 @@ class PairLimit(StrEnum):
     TOKENS = "a token count <= the pair's context length"
     POSITION = "a prompt position < the pair's context length"
     # What both workers of the pair must run with (their registered capabilities), else a 400 naming it.
-    TOOL_PARSER = "one tool-call parser on both workers of the pair"
-    DETERMINISTIC = "deterministic inference on both workers of the pair"
+    TOOL_PARSER = "the same tool-call parser on both workers"
+    DETERMINISTIC = "deterministic inference on both workers"
 
 
 @dataclass(frozen=True)

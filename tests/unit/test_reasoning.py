@@ -59,7 +59,7 @@ def test_the_reasoning_fields_reach_both_workers_as_sent():
 @pytest.mark.parametrize(("fields", "param", "fragment"), [
     ({"separate_reasoning": "yes"}, "separate_reasoning", "boolean"),
     ({"chat_template_kwargs": {"chat_template": "{{ messages }}"}}, "chat_template_kwargs.chat_template",
-     "enable_thinking and thinking only"),
+     "only SGLang's reasoning switches"),
     ({"chat_template_kwargs": {"reasoning_effort": "high"}}, "chat_template_kwargs.reasoning_effort", "Extra inputs"),
     ({"chat_template_kwargs": {"enable_thinking": "false"}}, "chat_template_kwargs.enable_thinking", "boolean"),
     ({"chat_template_kwargs": {"thinking": 0}}, "chat_template_kwargs.thinking", "boolean"),
