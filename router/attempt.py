@@ -5,9 +5,8 @@ and the prefill's half (`PrefillHalf`).
 Both halves get the same body at once (router/upstream.py); the client gets the decode's answer, relayed chunk by
 chunk if it is a stream. An attempt's life is its `state`: SENT, ANSWERING, then one of five endings. It holds the
 pair's books (in flight on both workers, each breaker's trial), the prefill half, the decode's response and a
-stream's two deadline timers. `end()` gives all of it back, once, and records the attempt's `outcome` (its ending,
-the failure, the halves aborted at once: failures.halves_to_abort); a second `end()` does nothing, so every path
-that may end an attempt just calls it.
+stream's two deadline timers. `end()` gives all of it back, once, and records its `outcome` (ending, failure, the
+halves aborted: failures.halves_to_abort); a second `end()` does nothing, so any path that may end one calls it.
 """
 
 from __future__ import annotations
@@ -114,7 +113,7 @@ class Attempt:
         request = self.request
         try:
             raw = orjson.dumps(request.body)
-            prefill_half = self.prefill_half = PrefillHalf(self.d.client, self.prefill, request, raw)
+            prefill_half = self.prefill_half = PrefillHalf(self.d.client, self.prefill, request, raw, self.decode)
             response = self.response = await self._decode_head(raw, prefill_half)
             self._started()
             headers = {k: v for k in _PASSED_ON if (v := response.headers.get(k)) is not None}
@@ -234,18 +233,18 @@ class Attempt:
 
 
 class PrefillHalf:
-    """The prefill's half: sent on construction, by a task; `future` holds its answer (or its HalfFailed). The answer
-    is only waited for (for its input logprobs), never relayed; what matters is its status: the moment it fails, the
-    decode's response is interrupted (no KV will ever arrive). Once the decode has answered, it may trail by up to
-    PREFILL_GRACE. While it is outstanding, its prompt tokens are on the worker's books (router/liveness.py)."""
+    """The prefill's half, sent by a task; `future` holds its answer (or its HalfFailed), never relayed (waited for
+    its input logprobs only). The moment it fails, the decode's response is interrupted (no KV will come). It may
+    trail the decode's answer by PREFILL_GRACE. Its prompt tokens are on both workers' books meanwhile (liveness)."""
 
-    def __init__(self, client: UpstreamClient, worker: Worker, request: PdRequest, body: bytes):
+    def __init__(self, client: UpstreamClient, worker: Worker, request: PdRequest, body: bytes, decode: Worker):
         self.client, self.worker, self.body = client, worker, body
         self.path, self.headers = request.route, request.headers
         self.failure: HalfFailed | None = None
         self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
-        self.prompt_tokens = request.checked.prompt_tokens
-        worker.pending_prompt_tokens += self.prompt_tokens
+        self.prompt_tokens, self.books = request.checked.prompt_tokens, (worker, decode)
+        for booked in self.books:
+            booked.pending_prompt_tokens += self.prompt_tokens
         self.future: asyncio.Future = asyncio.ensure_future(self._send())
         self.future.add_done_callback(self._done)
         if (prefilled := request.on_prefilled) is not None:  # a fan-out's first choice (router/fanout.py)
@@ -272,7 +271,8 @@ class PrefillHalf:
             decode.interrupt(self.failure)
 
     def _done(self, future: asyncio.Future) -> None:
-        self.worker.pending_prompt_tokens -= self.prompt_tokens
+        for booked in self.books:  # a decode waits for the KV of these tokens: its silence is not a stall
+            booked.pending_prompt_tokens -= self.prompt_tokens
         if not future.cancelled() and isinstance(error := future.exception(), HalfFailed):
             self.failure = error
             if self._decode is not None:

@@ -42,11 +42,45 @@ def response_format_schema(response_format: dict | None) -> None:
 
 
 def empty_content_not_given(message: Any) -> None:
-    """An assistant message with tool_calls, and a tool message, may have an empty content: OpenAI's clients send the
-    assistant's answer back as it came, `""` beside its calls. SGLang renders a content left out as empty."""
-    if (isinstance(message, dict) and message.get("content") == ""
-            and (message.get("role") == "tool" or message.get("tool_calls"))):
+    """An assistant message with calls or a refusal, and a tool message, may have an empty content: OpenAI's clients
+    send the assistant's answer back as it came, `""` beside its calls. SGLang renders a content left out as empty."""
+    if (isinstance(message, dict) and message.get("content") == "" and (message.get("role") in ("tool", "function") or (
+            message.get("role") == "assistant" and any(message.get(k) for k in ("tool_calls", "function_call",
+                                                                                 "refusal"))))):
         del message["content"]
+
+
+def assistant_fields(messages: list[dict[str, Any]]) -> None:
+    """OpenAI's fields of an assistant message that SGLang would drop, made the SGLang fields of their meaning (their
+    types are checked: router/inventory/openai.py). A refusal is what the model said when it has no content: dropped,
+    the template would render an empty turn. The deprecated function_call is one tool call: dropped, the model would
+    not see the call its function's answer follows. Its id is made of the message's index, the same in every later
+    turn of the conversation, so the prompt stays a prefix the workers' caches hold."""
+    answered = None  # the id of the function_call a function message answers
+    for i, message in enumerate(messages):
+        where, role = f"messages[{i}].", message["role"]
+        for key in ("function_call", "refusal", "reasoning_content"):
+            if key in message and role != "assistant":
+                raise ApiError(400, f"{where}{key}: only an assistant's message has one", f"{where}{key}")
+        refusal = message.pop("refusal", None)
+        if refusal and "content" not in message:
+            message["content"] = refusal
+        if role == "function":
+            if "tool_call_id" in message:
+                raise ApiError(400, f"{where}tool_call_id: a function message answers the function_call before it "
+                                    "(a tool message answers a call by its id)", f"{where}tool_call_id")
+            if answered is None:
+                raise ApiError(400, f"{where}role: a function message answers the function_call of the assistant's "
+                                    "message just before it, and only that", f"{where}role")
+            message.update(role="tool", tool_call_id=answered)
+        answered = None
+        if (call := message.pop("function_call", None)) is not None:
+            if message.get("tool_calls"):
+                raise ApiError(400, f"{where}function_call: give the calls as tool_calls or as the deprecated "
+                                    "function_call, not both", f"{where}function_call")
+            _json_object(call["arguments"], f"{where}function_call.arguments")
+            answered = f"function_call_{i}"
+            message["tool_calls"] = [{"id": answered, "type": "function", "function": call}]
 
 
 def check_tool_use(body: dict[str, Any]) -> int:
@@ -79,14 +113,17 @@ def _message(message: dict[str, Any], where: str) -> int:
         raise ApiError(400, f"{where}tool_call_id: a tool message needs one, and only a tool message has one",
                        f"{where}tool_call_id")
     for j, call in enumerate(calls or []):
-        try:
-            arguments = orjson.loads(call["function"]["arguments"])
-        except orjson.JSONDecodeError:
-            arguments = None
-        if not isinstance(arguments, dict):
-            field = f"{where}tool_calls[{j}].function.arguments"
-            raise ApiError(400, f"{field}: must be a JSON object, as text", field)
+        _json_object(call["function"]["arguments"], f"{where}tool_calls[{j}].function.arguments")
     return 2 * len(orjson.dumps(calls)) if calls else 0
+
+
+def _json_object(arguments: str, field: str) -> None:
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ApiError(400, f"{field}: must be a JSON object, as text", field)
 
 
 def check_pair_has(field: str, need: PairLimit, workers: tuple[tuple[str, WorkerCapabilities], ...]) -> None:

@@ -80,18 +80,19 @@ class ChatTemplate:
         if not messages:
             return None  # transformers refuses an empty conversation
         tools = _tools(body)
+        switches = body.get("chat_template_kwargs") or {}  # enable_thinking, thinking (SGLang passes them on)
         template = self.templates["tool_use" if tools is not None and "tool_use" in self.templates else "default"]
         try:
-            text = self._with(template, messages, tools)
+            text = self._with(template, messages, tools, switches)
         except Exception:
             if not tools:
                 raise
-            text = self._with(template, messages, [t.get("function", t) for t in tools])
+            text = self._with(template, messages, [t.get("function", t) for t in tools], switches)
         return Rendered(text, continued)
 
-    def _with(self, template: jinja2.Template, messages: list, tools: list[dict] | None) -> str:
+    def _with(self, template: jinja2.Template, messages: list, tools: list[dict] | None, switches: dict) -> str:
         return template.render(messages=messages, tools=tools, documents=None, add_generation_prompt=True,
-                               **self.special)
+                               **switches, **self.special)
 
 
 def _message(message: Any, parts_list: bool) -> dict[str, Any] | None:
@@ -112,10 +113,10 @@ def _message(message: Any, parts_list: bool) -> dict[str, Any] | None:
         return None
     if role == "user":  # its model has no other field
         return {"role": role, "content": content}
-    if any(message.get(k) is not None for k in ("phase", "reasoning_content", "tools", "prefix")):
+    if any(message.get(k) is not None for k in ("phase", "tools", "prefix")):
         return None  # the router refuses these; a template reads them in ways not followed here
     out: dict[str, Any] = {"role": role, "content": content}
-    for key in ("tool_call_id", "name"):
+    for key in ("tool_call_id", "name", "reasoning_content"):
         if message.get(key) is not None:
             out[key] = message[key]
     if message.get("tool_calls") is not None:

@@ -14,10 +14,11 @@ shared memory (no round trip to the scheduler).
   each other's prompts, and one router's long prompts kept another's /health waiting past stall_timeout
   (bench.cluster on SmolLM2 ejected healthy prefills 14 times in 6 minutes). Between two forward passes the
   snapshot moves, so one pass is the most a working scheduler is silent. Otherwise (a decode; a static worker that
-  did not say) the prompts this router has sent it and not yet seen answered. And whatever the role, a working
-  scheduler may stay as silent as it was between its snapshots while busy (SAFETY x the longest of its last
-  BUSY_GAPS such gaps): a decode publishes every 15 steps, and with ~1 s steps (SmolLM2, unpinned workers on 2 busy
-  cores) a healthy decode was ejected at 6 s with 6 streams on it (bench.cluster).
+  did not say) the prompts of its requests whose prefill half has not answered: a decode waiting for their KV
+  (its pool reserved for them) can keep /health waiting as long (n = 4 fan-outs on SmolLM2 ejected a healthy one).
+  And whatever the role, a working scheduler may stay as silent as it was between its snapshots while busy (SAFETY x
+  the longest of its last BUSY_GAPS such gaps): a decode publishes every 15 steps, and with ~1 s steps (SmolLM2,
+  unpinned workers on 2 busy cores) a healthy decode was ejected at 6 s with 6 streams on it (bench.cluster).
 A hung worker is ejected at once and every exchange the data plane has open with it is ended (router/upstream
 connections dropped): a request not yet answered is retried on another pair, a started stream ends with an SSE
 error event. It is readmitted as soon as it answers again with a moving snapshot. Thresholds: docs/faults.md.

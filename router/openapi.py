@@ -42,7 +42,7 @@ _SCHEMA_OF: dict[tuple[str, str], dict[str, Any]] = {
     ("Completion", "prompt"): {"anyOf": [_TEXT, _TEXTS, _TOKEN_IDS, _ID_BATCH]},
     ("ChatCompletion", "messages"): {"type": "array", "minItems": 1, "maxItems": 1024, "items": _ref("Message")},
     ("SamplingParams", "top_k"): {"type": "integer", "minimum": -1, "maximum": 2**30, "not": {"const": 0}},
-    # Empty (`""`) too: an assistant's with tool_calls and a tool's may be (router/chat_checks.py); others get a 400.
+    # Empty (`""`) too: an assistant's with calls or a refusal, a tool's or function's may be (router/chat_checks.py).
     ("Message", "content"): {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {
         "type": "object", "additionalProperties": False, "required": ["type", "text"],
         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from pdcluster.config_file import field_path
 from pdcluster.http import ApiError
-from router.chat_checks import check_tool_use, empty_content_not_given, response_format_schema
+from router.chat_checks import assistant_fields, check_tool_use, empty_content_not_given, response_format_schema
 from router.inventory.native import GENERATE, SAMPLING
 from router.inventory.openai import CHAT, COMPLETION, MESSAGE
 from router.inventory.rules import MAX_BATCH, Decision, PairLimit, Rule
@@ -237,6 +237,7 @@ def check_chat(body: dict[str, Any]) -> Checked:
         empty_content_not_given(message)
         _apply("message", message, f"messages[{i}].")
         checks.gather(MESSAGE, message, f"messages[{i}].")
+    assistant_fields(body["messages"])
     response_format_schema(body.get("response_format"))
     tool_bytes = check_tool_use(body)
     rid = body.get("rid")
@@ -244,6 +245,7 @@ def check_chat(body: dict[str, Any]) -> Checked:
         raise ApiError(400, "rid: a chat request takes one id", "rid")
     texts = [part["text"] if isinstance(part, dict) else part for message in body["messages"] if "content" in message
              for part in (message["content"] if isinstance(message["content"], list) else [message["content"]])]
+    texts += [message["reasoning_content"] for message in body["messages"] if "reasoning_content" in message]
     return Checked(None, body.get("stream") is True, body["messages"][0].get("content"), client_rid=_client_rid(
         rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
         prompt_tokens=text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]) + tool_bytes // CHARS_PER_TOKEN,

@@ -105,8 +105,9 @@ class Worker:
     alive: bool = True  # answers the router's liveness probe and its scheduler makes progress (router/liveness.py)
     failed_probes: int = 0
     in_flight: int = 0
-    # Prompt tokens (estimated) of this worker's prefill halves not yet answered: how long a forward pass may take
-    # before its silence means a stuck scheduler (router/liveness.py).
+    # Prompt tokens (estimated) of the prefill halves not yet answered of this worker's requests: on a prefill, how
+    # long a forward pass may take; on a decode, the KV it still awaits, during which a full pool can keep its /health
+    # waiting; either way, before its silence means a stuck scheduler (router/liveness.py).
     pending_prompt_tokens: int = 0
     incompatible: str = ""
     draining: bool = False  # taken out of the pool by an operator (the registry says so): finishes, takes nothing new

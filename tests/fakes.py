@@ -40,6 +40,7 @@ class Behaviour:
     # cached tokens.
     tokens: list[str] | None = None
     text: str | None = None
+    reasoning: list[str] | None = None  # chat: what a reasoning parser split off, streamed before the tokens
     prompt_tokens: int = 5
     cached_tokens: int | None = None
     per_request: dict[int, Behaviour] = field(default_factory=dict)  # the Nth request (from 1) behaves so instead
@@ -132,6 +133,10 @@ class FakeWorker:
         if b.first_chunk_delay:
             await asyncio.sleep(b.first_chunk_delay)
         tokens = b.tokens or ["x"] * b.chunks
+        for piece in b.reasoning if path == "/v1/chat/completions" and b.reasoning else []:
+            event = {**_head(body, path, chunk=True), "choices": [{"index": 0, "delta": {
+                "role": "assistant", "content": None, "reasoning_content": piece}, "finish_reason": None}]}
+            yield f"data: {json.dumps(event)}\n\n".encode()
         for i in range(len(tokens)):
             if b.drop_after_chunks is not None and i == b.drop_after_chunks:
                 raise RuntimeError("fake worker crashed mid-stream")  # uvicorn drops the connection
@@ -191,6 +196,8 @@ def openai_answer(b: Behaviour, body: dict, path: str) -> dict:
         choice: dict = {"index": index, "logprobs": _logprobs(body, path, tokens), "finish_reason": "length"}
         if path == "/v1/chat/completions":
             choice["message"] = {"role": "assistant", "content": text}
+            if b.reasoning:
+                choice["message"]["reasoning_content"] = "".join(b.reasoning)
         else:
             choice["text"] = text
         choices.append(choice)

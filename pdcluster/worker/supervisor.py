@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -19,6 +20,19 @@ from pdcluster.children import die_with_parent, exit_status
 # What a worker's grace period keeps for itself after SGLang's drain: SGLang's own teardown (it waits up to 5 s between
 # looks at its queue) and deregistering from the bootstrap service.
 STOP_MARGIN = 10.0
+METRICS_DIR_VAR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def metrics_dir(cmd: list[str], env: dict[str, str] | None) -> tempfile.TemporaryDirectory | None:
+    """A fresh directory for SGLang's multiprocess metrics, when it serves /metrics and the caller set none.
+    SGLang sets PROMETHEUS_MULTIPROC_DIR itself, but only after its plugins loaded, and prometheus_client reads it
+    once, at its first import: pdcluster's CPU plugins import SGLang modules that import it (Mooncake's connector),
+    so SGLang's HTTP process kept its TTFT, ITL and request series in a registry its /metrics never reads. Fresh per
+    start: files a previous SGLang left would be counted again."""
+    serves_metrics = any(arg.split("=")[0] == "--enable-metrics" for arg in cmd)
+    if not serves_metrics or METRICS_DIR_VAR in (os.environ if env is None else env):
+        return None
+    return tempfile.TemporaryDirectory(prefix="pdcluster-sglang-metrics-")
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -31,7 +45,7 @@ class Supervisor:
     `on_stop`: called at the first stop signal, before SGLang hears of it (the registrar deregisters the worker, so
     the routers send it nothing new while SGLang drains)."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], grace_period: float = 60.0,
+    def __init__(self, cmd: list[str], env: dict[str, str] | None, grace_period: float = 60.0,
                  on_stop: Callable[[], None] = lambda: None):
         self.cmd = cmd
         self.env = env
@@ -57,7 +71,9 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         # If the launcher itself is SIGKILLed, the kernel sends SIGKILL to SGLang's main process; its group is then
         # orphaned but loses its parent, and SGLang's own children watch their parent and exit.
-        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True, preexec_fn=die_with_parent)
+        metrics = metrics_dir(self.cmd, self.env)
+        env = self.env if metrics is None else {**(self.env or os.environ), METRICS_DIR_VAR: metrics.name}
+        self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
         if while_running is not None:
             while_running(self.proc)
         try:
@@ -71,4 +87,6 @@ class Supervisor:
         finally:
             # The main process is gone; whatever is left of its group (scheduler, detokenizer) goes with it.
             kill_group(self.proc.pid, signal.SIGKILL)
+            if metrics is not None:
+                metrics.cleanup()
         return exit_status(returncode)

@@ -37,12 +37,13 @@ from router.inventory.rules import (
     TopLogprobs,
     bounded,
     ignored,
+    mapped,
     passed,
     refused,
     router,
 )
 
-TEMPLATE = "chat-template settings are the operator's: a client's value reached the template engine and failed there"
+REASONING_PARSER = "acts only where the decode runs a reasoning parser"
 
 
 class _Strict(BaseModel):
@@ -52,6 +53,14 @@ class _Strict(BaseModel):
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
+
+
+class ThinkingSwitches(_Strict):
+    """The two names SGLang's reasoning code reads a template's switch by (serving_chat.py's
+    `_get_reasoning_toggle_param`): a boolean reaches the template as one variable more, which breaks none."""
+
+    enable_thinking: bool | None = None
+    thinking: bool | None = None
 
 
 class StreamOptions(_Strict):
@@ -121,17 +130,25 @@ class ToolCall(_Strict):
 
 ToolChoice = Literal["none", "auto", "required"] | NamedTool
 
-# A chat message. Non-text parts are refused with the fields that need them.
+# A chat message. Non-text parts are refused with the fields that need them. OpenAI's own fields of an assistant
+# message are those its clients send back as they got them (openai-python's `message.model_dump()`): SGLang drops
+# them, so each is decided as what it meant (router/chat_checks.py's `assistant_fields`).
 MESSAGE: dict[str, Rule] = {
-    "role": bounded("system, user, assistant, developer or tool",
-                    Literal["system", "user", "assistant", "developer", "tool"]),
+    "role": bounded("system, user, assistant, developer, tool; function (deprecated): sent as a tool message "
+                    "answering the function_call before it",
+                    Literal["system", "user", "assistant", "developer", "tool", "function"]),
     "content": bounded("text, or a list of text parts (or none beside tool_calls)", Content),
     "name": passed("", Name | None),
     "tool_calls": bounded(f"an assistant's: at most {MAX_TOOLS}, arguments a JSON object as text",
                           Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
     "tool_call_id": bounded("a tool message's: the call it answers", CallId, PairLimit.TOOL_PARSER),
+    "function_call": mapped("deprecated: sent as the assistant's one tool call, id function_call_1 in messages[1]",
+                            CalledFunction, PairLimit.TOOL_PARSER),
+    "refusal": mapped("sent as the content of an assistant's turn without one, else left out", StrictStr),
+    "reasoning_content": passed("an assistant's, as SGLang's reasoning parser answered it", StrictStr),
+    "annotations": ignored("an assistant's citations: no template renders them", list[dict[str, Any]]),
+    "audio": refused("an audio answer OpenAI keeps by id: a text model has none; send its transcript as content"),
     "tools": refused("one model family's: use the request's tools"),
-    "reasoning_content": refused(REASONING),
     "phase": refused(REASONING),
     "prefix": refused("continues a message the model wrote: use continue_final_message"),
 }
@@ -203,8 +220,8 @@ CHAT: dict[str, Rule] = {
     "return_meta_info": passed("", Flag),
     "return_input_ids_in_sglext": passed("", Flag),
     "return_output_ids_in_sglext": passed("", Flag),
-    "separate_reasoning": passed("only acts with a reasoning parser on the workers", Flag),
-    "stream_reasoning": passed("only acts with a reasoning parser on the workers", Flag),
+    "separate_reasoning": passed(REASONING_PARSER, Flag),
+    "stream_reasoning": passed(REASONING_PARSER, Flag),
     "tools": bounded(f"at most {MAX_TOOLS} functions; their parameters schemas together are a grammar",
                      Annotated[list[Tool], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
     "tool_choice": bounded("none, auto, required or a named function (of tools)", ToolChoice),
@@ -218,7 +235,9 @@ CHAT: dict[str, Rule] = {
                                 " steers another client's request", Name | None),
     "safety_identifier": ignored(OPENAI_SERVICE + " (an end-user id for its abuse checks)", Name | None),
     "verbosity": ignored("a setting of OpenAI's reasoning models", Literal["low", "medium", "high"] | None),
-    "chat_template_kwargs": refused(TEMPLATE),
+    "chat_template_kwargs": bounded("only SGLang's reasoning switches, enable_thinking and thinking, as booleans: "
+                                    "other values reached the template engine and failed there",
+                                    ThinkingSwitches | None),
     "reasoning_effort": refused(REASONING + "; it reaches the chat template"),
     "thinking": refused(REASONING + "; it reaches the chat template"),
     "task": refused("a task tag of one model family's chat template"),

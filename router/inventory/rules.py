@@ -21,6 +21,7 @@ class Decision(StrEnum):
     BOUNDED = "bounded"  # sent only within limits: static ones here, the pair's vocabulary or context length
     ROUTER = "router"  # the router's own value is sent instead of the client's (see each reason)
     IGNORED = "ignored"  # OpenAI's, not SGLang's: accepted (its type checked) and never sent; the reason says why
+    MAPPED = "mapped"  # OpenAI's, which SGLang would drop: sent as the SGLang field of its meaning (the reason says)
     REFUSED = "refused"  # a 400 naming the field and the reason
 
 
@@ -29,8 +30,8 @@ class PairLimit(StrEnum):
     TOKENS = "a token count <= the pair's context length"
     POSITION = "a prompt position < the pair's context length"
     # What both workers of the pair must run with (their registered capabilities), else a 400 naming it.
-    TOOL_PARSER = "one tool-call parser on both workers of the pair"
-    DETERMINISTIC = "deterministic inference on both workers of the pair"
+    TOOL_PARSER = "the same tool-call parser on both workers"
+    DETERMINISTIC = "deterministic inference on both workers"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,10 @@ def router(reason: str, type_: Any) -> Rule:
 
 def ignored(reason: str, type_: Any) -> Rule:
     return Rule(Decision.IGNORED, reason, type_)
+
+
+def mapped(reason: str, type_: Any, pair: PairLimit | None = None) -> Rule:
+    return Rule(Decision.MAPPED, reason, type_, pair)
 
 
 # Static limits. The pair's own limits (vocabulary, context length) come from its registration.

@@ -21,17 +21,19 @@ from tests.helpers import free_port, until, worker_url
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "pdcluster.json"
+SCRAPE_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 ROUTE = "/v1/completions"  # other modules' requests count too: only the change is asserted
 SENT = 6
 
 
 def scrape_config(cluster) -> dict:
-    """deploy/prometheus/prometheus.yml's shape (jobs router, prefill, decode) on the test cluster's ports."""
+    """deploy/prometheus/prometheus.yml (jobs router, prefill, decode; its relabelling) on the test cluster's ports."""
     jobs: dict[str, list[str]] = {"router": [cluster.router_url.removeprefix("http://")]}
     for name in WORKERS:
         jobs.setdefault(name.split("-")[0], []).append(worker_url(cluster, name).removeprefix("http://"))
+    deployed = {job["job_name"]: job for job in yaml.safe_load(SCRAPE_CONFIG.read_text())["scrape_configs"]}
     return {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": job, "scrape_timeout": "1s", "static_configs": [{"targets": targets}]}
+            "scrape_configs": [{**deployed[job], "scrape_timeout": "1s", "static_configs": [{"targets": targets}]}
                                for job, targets in jobs.items()]}
 
 
@@ -80,6 +82,10 @@ def streamed_timed(prometheus: httpx.Client) -> float:
     return value(prometheus, f'sum(pdcluster_router_ttft_seconds_count{{route="{ROUTE}"}})') or 0.0
 
 
+def sglang_ttft(prometheus: httpx.Client) -> float:
+    return value(prometheus, 'sum(sglang:time_to_first_token_seconds_count{job="decode"})') or 0.0
+
+
 def scraped_after(prometheus: httpx.Client, moment: float) -> bool:
     """Every target scraped after `moment` (unix time)."""
     targets = prometheus.get("/api/v1/targets").json()["data"]["activeTargets"]
@@ -95,6 +101,7 @@ def test_the_operators_queries_answer_from_a_real_prometheus(cluster, router, pr
     started = time.time()  # once: a moment taken anew at each try would always be after the last scrape
     assert until(lambda: scraped_after(prometheus, started), 30, 0.5)
     before, streamed_before = requests_counted(prometheus), streamed_timed(prometheus)
+    sglang_before = sglang_ttft(prometheus)
     for i in range(SENT):
         body = {"prompt": f"Count to {i}:", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
                 "stream": i % 2 == 0}
@@ -109,8 +116,11 @@ def test_the_operators_queries_answer_from_a_real_prometheus(cluster, router, pr
     assert len(up) == 1 + len(WORKERS) and all(r["value"][1] == "1" for r in up), up
     # Streamed requests were timed to their first token by the router: as many as were streamed, in the scrape.
     assert streamed_timed(prometheus) - streamed_before == (SENT + 1) // 2
-    # Every worker's /metrics is scraped (up, above). SGLang's own series did not reach the queries in these runs
-    # (SGLang 0.5.23, CPU, PD: its TTFT, ITL and running-requests series): the dashboard's worker panels are empty.
+    # SGLang's own series, under the names it documents: the decodes timed every request's first token (its HTTP
+    # process's series, which reach /metrics only through the launcher's metrics directory), and every worker's
+    # scheduler reports its running requests.
+    assert sglang_ttft(prometheus) - sglang_before == SENT
+    assert value(prometheus, 'count(sglang:num_running_reqs{job=~"prefill|decode"})') == len(WORKERS)
     assert value(prometheus, "count(pdcluster_router_worker_healthy == 1)") == len(WORKERS)
     assert value(prometheus, "count(pdcluster_router_worker_healthy == 0)") is None  # none unusable
 

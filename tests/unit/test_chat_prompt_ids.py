@@ -195,3 +195,21 @@ def test_cache_aware_routes_a_chat_by_its_ids():
     pages = len(ids) // 4
     policy.index.open("p2", 4).apply(Stored(tuple(range(1, pages + 1)), None, tuple(ids[:pages * 4]), 4, "GPU"))
     assert all(policy.choose_for(workers, chat(body)).worker_id == "p2" for _ in range(5))
+
+
+def test_the_reasoning_switches_and_an_assistants_reasoning_are_rendered_as_sglang_passes_them(tmp_path, reference):
+    """chat_template_kwargs' switches are the template's variables, and reasoning_content a message's field (as
+    Qwen3's template reads them)."""
+    needs(SMOLLM2)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(SMOLLM2 / name, tmp_path / name)
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+        "</think>{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!", "reasoning_content": "A"
+                 " greeting."}, {"role": "user", "content": "How are you?"}]
+    tokens, tokenizer = tokens_for(tmp_path), reference(tmp_path)
+    off = tokens.of(chat({"messages": messages, "chat_template_kwargs": {"enable_thinking": False}}), str(tmp_path))
+    assert off == expected(tokenizer, messages, enable_thinking=False)
+    assert tokens.of(chat({"messages": messages}), str(tmp_path)) == expected(tokenizer, messages) != off

@@ -98,7 +98,8 @@ def test_null_is_not_given_and_is_not_sent():
                                                        "repetition_penalty": 0.0001}},
      "sampling_params.repetition_penalty"),
     (check_generate, {"input_ids": [5, 6, 7], "sampling_params": [{"max_new_tokens": 4}]}, "sampling_params"),
-    (check_chat, {**CHAT_BASE, "chat_template_kwargs": {"add_generation_prompt": 5}}, "chat_template_kwargs"),
+    (check_chat, {**CHAT_BASE, "chat_template_kwargs": {"add_generation_prompt": 5}},
+     "chat_template_kwargs.add_generation_prompt"),
     (check_generate, {"text": "a", "return_logprob": [True]}, "return_logprob"),
 ])
 def test_bodies_that_crashed_a_worker_are_refused_at_the_router(check, body, param):

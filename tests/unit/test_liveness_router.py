@@ -222,6 +222,19 @@ def test_a_prefill_silent_in_a_long_forward_pass_keeps_its_requests_and_a_stuck_
         assert until(lambda: healthy(url)["static-prefill-0"], timeout=5)
 
 
+def test_a_decode_silent_while_it_waits_for_its_prefills_kv_keeps_its_requests():
+    """A decode whose requests wait for KV from a prefill still in its forward pass: SGLang's decode has its pool
+    reserved for them, so /health waits and the snapshot stands still for 4 s, over the 1.5 s stall timeout. The
+    prompt whose KV it awaits (~500 tokens) allows for it: nothing is ejected and the request is answered."""
+    prefill, decode = FreezableWorker(Behaviour(delay=4.0)), FreezableWorker(Behaviour(delay=4.0))
+    with pd_cluster(prefill, [decode]) as url:
+        decode.stalled = True
+        assert httpx.post(f"{url}/generate", json={"text": "x" * 1000}, timeout=30).status_code == 200
+        decode.stalled = False
+        assert healthy(url)["static-decode-0"]
+        assert httpx.post(f"{url}/generate", json={"text": "hi"}, timeout=30).status_code == 200
+
+
 def test_time_the_router_itself_was_stalled_counts_against_no_worker():
     """A router whose event loop was blocked for 20 s (or that was SIGSTOPped) must not wake up and eject every
     worker, ending every request, for not having answered meanwhile."""

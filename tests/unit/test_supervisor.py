@@ -101,3 +101,21 @@ def test_a_drain_longer_than_the_grace_period_is_cut():
     lines, code = graceful_stop(grace=15, drain=60)  # SGLang gets 15 - STOP_MARGIN = 5 s, then SIGKILL
     assert lines == ["up", "left the pools", "draining"] and code == 128 + signal.SIGKILL
     assert time.monotonic() - started < 40
+
+
+# Stands in for SGLang with --enable-metrics: what its HTTP process would see at prometheus_client's first import.
+METRICS_SERVER = "import os, sys; d = os.environ.get('PROMETHEUS_MULTIPROC_DIR'); print(d, os.path.isdir(d or '') " \
+                 "and not os.listdir(d)); sys.exit(0)"
+
+
+def test_sglang_serving_metrics_gets_a_fresh_multiprocess_directory_before_it_starts_and_it_is_removed_after(capfd):
+    """SGLang sets PROMETHEUS_MULTIPROC_DIR only after its plugins loaded, too late once a plugin imported
+    prometheus_client: its TTFT and ITL series never reached /metrics. The launcher sets it first."""
+    cmd = [sys.executable, "-c", METRICS_SERVER, "--enable-metrics"]
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    assert Supervisor(cmd, env=env).run() == 0
+    directory, fresh = capfd.readouterr().out.split()
+    assert directory.startswith("/") and fresh == "True"
+    assert not os.path.exists(directory)  # nothing left for the next start to count again
+    assert Supervisor(cmd[:-1], env=env).run() == 0  # without --enable-metrics: SGLang's own choice
+    assert capfd.readouterr().out.split()[0] == "None"

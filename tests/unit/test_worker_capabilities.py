@@ -43,6 +43,17 @@ def test_what_sglang_would_decide_or_refuse_only_once_running_is_refused_at_star
     assert message in str(caught.value)
 
 
+@pytest.mark.parametrize("name", ["deepseek_r1", "qwen-3", "auto-detect"])
+def test_an_unknown_reasoning_parser_is_refused_at_start_with_every_name_sglang_registers(tmp_path, model_dir, name):
+    """As tool-call parsers are: SGLang's own parser lists its registry's names, and the worker never starts."""
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    with pytest.raises(ConfigError) as caught:
+        plan(tmp_path, model_dir, f"reasoning-parser: {name}")
+    assert f"argument --reasoning-parser: invalid choice: '{name}'" in str(caught.value)
+    assert all(f"'{known}'" in str(caught.value) for known in ReasoningParser.DetectorMap)
+
+
 def test_deterministic_inference_is_registered_off_the_cpu_profile(tmp_path, model_dir):
     gpu = plan(tmp_path, model_dir, "enable-deterministic-inference: true", device="cuda")
     assert gpu.registration.capabilities.deterministic_inference

@@ -190,12 +190,13 @@ def test_a_plan_reaches_the_lean_launcher_whole(tmp_path, model_dir):
 
 
 def test_cli_dry_run_prints_command_and_environment(tmp_path, model_dir):
-    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n")
+    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\nreasoning-parser: qwen3\n"
+                                    f"cluster:\n  device: cpu\n")
     result = subprocess.run([sys.executable, "prefill.py", "--config", config, "--dry-run"], cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "SGLANG_USE_CPU_ENGINE=1" in result.stdout and "sglang.launch_server" in result.stdout
-    assert "PDCLUSTER_CPU_ATTENTION=1" in result.stdout
+    assert "PDCLUSTER_CPU_ATTENTION=1" in result.stdout and " --reasoning-parser qwen3 " in result.stdout
 
 
 # --- cluster.kv_store: KV cache on disk (pdcluster/kvstore) -------------------------------------------------------

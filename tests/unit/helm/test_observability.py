@@ -4,7 +4,13 @@ the router and the workers that serve SGLang's metrics."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from tests.unit.helm.chart import container, env_of, render, workloads
+
+REPO = Path(__file__).resolve().parents[3]
 
 COMPONENTS = ("router", "prefill", "decode")
 
@@ -42,3 +48,18 @@ def test_prometheus_scrapes_the_router_and_workers_with_metrics(rendered):
         assert annotations["prometheus.io/path"] == "/metrics", component
     monitors = [d for d in rendered["servicemonitor"] if d["kind"] == "ServiceMonitor"]
     assert sorted(m["metadata"]["labels"]["app.kubernetes.io/component"] for m in monitors) == sorted(COMPONENTS)
+
+
+def test_the_worker_monitors_keep_sglangs_metric_names_as_the_deployed_scrape_config_does(rendered):
+    """A Prometheus 2 gets SGLang's sglang:* series as sglang_* (OpenMetrics from its prometheus_client): the
+    ServiceMonitors rename them back, as deploy/prometheus/prometheus.yml does, so one dashboard fits both."""
+    deployed = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+    rule = next(job for job in deployed if job["job_name"] == "decode")["metric_relabel_configs"][0]
+    for monitor in (d for d in rendered["servicemonitor"] if d["kind"] == "ServiceMonitor"):
+        component = monitor["metadata"]["labels"]["app.kubernetes.io/component"]
+        relabelings = monitor["spec"]["endpoints"][0].get("metricRelabelings", [])
+        if component == "router":
+            assert relabelings == []
+        else:
+            assert relabelings == [{"sourceLabels": rule["source_labels"], "regex": rule["regex"],
+                                    "targetLabel": rule["target_label"], "replacement": rule["replacement"]}]
