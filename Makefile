@@ -73,7 +73,7 @@ up:
 bench:
 	$(PY) -m bench.router
 
-# The router's CPU per request with tracing off, on, and on with 1% of requests sampled, on fake workers (~3 min):
+# The router's CPU per request with tracing off, on, and on with 1% of requests sampled, on fake workers (~5 min):
 # bench/results/tracing-cost.json and .png.
 bench-tracing:
 	$(PY) -m bench.tracing_cost

@@ -2,8 +2,8 @@
 the router's spans from. It decodes each POST /v1/traces as a real collector does (opentelemetry-proto's
 ExportTraceServiceRequest), so an exporter that sends something a collector would refuse fails here too.
 
-`hang=True` makes a collector that accepts every connection, reads nothing and never answers: the worst a stuck
-collector can do to an exporter.
+`hang=True` makes a collector that accepts every connection, reads the request's head and never answers: the worst
+a stuck collector can do to an exporter.
 """
 
 from __future__ import annotations
