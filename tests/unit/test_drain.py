@@ -42,7 +42,9 @@ def test_the_registry_marks_a_drained_worker_until_resumed_also_across_re_regist
 def test_a_drained_decode_finishes_its_stream_gets_nothing_new_and_comes_back_on_resume():
     decodes = [FakeWorker(Behaviour(chunks=30, chunk_delay=0.05)), FakeWorker(Behaviour(chunks=30, chunk_delay=0.05))]
     prefill = FakeWorker()
-    with ServerThread(create_bootstrap(BootstrapConfig())) as service, ServerThread(prefill.app()) as p, \
+    # Registered once, with no heartbeats: a TTL longer than the test (the default 5 s ran out on a busy machine, and
+    # the prefill left the pool mid-test).
+    with ServerThread(create_bootstrap(BootstrapConfig(ttl_seconds=600))) as service, ServerThread(prefill.app()) as p,\
             ServerThread(decodes[0].app()) as d0, ServerThread(decodes[1].app()) as d1:
         for worker_id, role, url in (("p", "prefill", p.url), ("d0", "decode", d0.url), ("d1", "decode", d1.url)):
             assert httpx.put(f"{service.url}/v1/workers/{worker_id}",
