@@ -5,13 +5,15 @@ Each candidate's cost is the prompt tokens it would still compute, queued ones i
 router's prefill halves on it not yet answered (`pending_prompt_tokens`), a fixed allowance per request in flight,
 and the request's own tokens less the ones it holds. The cheapest wins; ties go to the one holding more, then at
 random. So a long cached prefix draws its traffic to its holder until that holder's queue costs more than the hit
-saves, and a small hit never outweighs a queue.
+saves, and a small hit never outweighs a queue. What it holds is what SGLang reuses: whole pages, of all but the
+prompt's last token (SGLang computes at least one).
 
 Blind: when no candidate publishes events, or the prompt's token ids are unknown (router/prompt_ids.py), the text
 `prefix` policy decides (router/pairing.py's PrefixAffinity, which pairing gives it: this module does not import
 pairing, which names it in its REGISTRY); a candidate without events, beside ones with them, is
-taken to hold nothing (routed by load). Every choice is counted by kind, and the tokens the chosen prefill was
-predicted to hold, to compare with what the answers report (`meta_info.cached_tokens`).
+taken to hold nothing (routed by load). One candidate: no choice, nothing tokenized. Every choice is counted by kind,
+and what the chosen prefill was predicted to hold is kept on the request, to compare with what its answer reports
+(`meta_info.cached_tokens`).
 """
 
 from __future__ import annotations
@@ -52,19 +54,24 @@ class CacheAware:
         return self.fallback.choose(candidates, prompt)  # no request: by its text only
 
     def choose_for(self, candidates: Sequence[Worker], request: PdRequest) -> Worker:
+        request.predicted_cached = None
+        if len(candidates) == 1:
+            return candidates[0]
         indexed = [w for w in candidates if self.index.live(w.worker_id)]
         if not indexed:
-            return self._blind("blind", candidates, request)
+            return self._count("blind", self.fallback.choose(candidates, request.hint))
         model = next((w.identity.model_path for w in indexed if w.identity is not None), None)
         ids = self.tokens.of(request, model)
         if ids is None:
-            return self._blind("no_tokens", candidates, request)
-        held = self.index.match([w.worker_id for w in indexed], ids)
+            return self._count("no_tokens", self.fallback.choose(candidates, request.hint))
+        held = self.index.match([w.worker_id for w in indexed], ids, len(ids) - 1)
         chosen = self.pick(candidates, held, len(ids))
+        predicted = held.get(chosen.worker_id, 0)
+        if request.checked.batch_size is None:  # a batch's answer counts all its prompts: no comparison
+            request.predicted_cached = predicted
         if self.metrics is not None:
-            self.metrics.routing.labels("indexed").inc()
-            self.metrics.predicted_cached.inc(held.get(chosen.worker_id, 0))
-        return chosen
+            self.metrics.predicted_cached.inc(predicted)
+        return self._count("indexed", chosen)
 
     def pick(self, candidates: Sequence[Worker], held: dict[str, int], prompt_tokens: int) -> Worker:
         """The cheapest candidate (the module's docstring), given the tokens each holds of a prompt's."""
@@ -75,10 +82,10 @@ class CacheAware:
 
         return min(candidates, key=cost)
 
-    def _blind(self, kind: str, candidates: Sequence[Worker], request: PdRequest) -> Worker:
+    def _count(self, kind: str, chosen: Worker) -> Worker:
         if self.metrics is not None:
             self.metrics.routing.labels(kind).inc()
-        return self.fallback.choose(candidates, request.hint)
+        return chosen
 
     def worker_removed(self, worker_id: str) -> None:
         self.fallback.worker_removed(worker_id)

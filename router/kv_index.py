@@ -129,9 +129,10 @@ class KvIndex:
         index = self.workers.get(worker_id)
         return len(index.pages) if index is not None else 0
 
-    def match(self, worker_ids: Iterable[str], token_ids: Sequence[int]) -> dict[str, int]:
-        """Per worker, how many leading tokens of `token_ids` it holds (whole pages). Stops hashing at the first page
-        no worker holds: a miss costs one hash."""
+    def match(self, worker_ids: Iterable[str], token_ids: Sequence[int], limit: int | None = None) -> dict[str, int]:
+        """Per worker, how many leading tokens of `token_ids` (of its first `limit`) it holds (whole pages). Stops
+        hashing at the first page no worker holds: a miss costs one hash."""
+        end = len(token_ids) if limit is None else min(limit, len(token_ids))
         held: dict[str, int] = {}
         by_size: dict[int, list[tuple[str, WorkerIndex]]] = {}
         for worker_id in worker_ids:
@@ -141,7 +142,7 @@ class KvIndex:
         for size, indexes in by_size.items():
             held.update((worker_id, 0) for worker_id, _ in indexes)
             key, depth = ROOT, 0
-            while indexes and (depth + 1) * size <= len(token_ids):
+            while indexes and (depth + 1) * size <= end:
                 key = page_key(key, token_ids[depth * size:(depth + 1) * size])
                 depth += 1
                 indexes = [(worker_id, index) for worker_id, index in indexes if key in index.keys]

@@ -137,4 +137,6 @@ class PdService:
             if config.expose_worker_ids:
                 answer.headers["x-pdcluster-prefill"] = prefill.worker_id
                 answer.headers["x-pdcluster-decode"] = decode.worker_id
+                if request.predicted_cached is not None:  # the KV index chose the prefill: what it expected there
+                    answer.headers["x-pdcluster-cached-tokens-predicted"] = str(request.predicted_cached)
             return answer if route == "/generate" else openai_answer.shaped(answer, route, request.body)

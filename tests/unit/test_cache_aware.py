@@ -77,6 +77,26 @@ def test_blind_without_events_or_token_ids_it_routes_by_the_prompts_text():
     assert decisions(policy, "no_tokens") == 1
 
 
+def test_the_prediction_is_what_sglang_reuses_and_rides_on_the_request():
+    workers = prefills(2)
+    policy = policy_holding({"p0": 400, "p1": 0})  # all of PROMPT's pages
+    whole = request(PROMPT)
+    assert policy.choose_for(workers, whole).worker_id == "p0"
+    assert whole.predicted_cached == 396  # SGLang computes at least the last token: the last page is recomputed
+    batch = PdRequest("/generate", "r", {}, Checked(2, False, PROMPT, token_ids="input_ids", prompts=(PROMPT, [1])),
+                      0.0, 60.0)
+    assert policy.choose_for(workers, batch).worker_id == "p0"
+    assert batch.predicted_cached is None  # its answer counts both prompts' cached tokens: nothing to compare
+
+
+def test_one_candidate_is_no_choice_nothing_is_tokenized_or_counted():
+    policy, only = policy_holding({"p0": 400}), prefills(1)
+    one = request(PROMPT)
+    one.predicted_cached = 5  # an earlier attempt's
+    assert policy.choose_for(only, one) is only[0] and one.predicted_cached is None
+    assert decisions(policy, "indexed") == decisions(policy, "blind") == 0
+
+
 def test_a_worker_without_events_beside_indexed_ones_is_routed_by_load():
     workers = prefills(2)
     policy = policy_holding({"p0": 8})
