@@ -8,7 +8,11 @@ random. So a long cached prefix draws its traffic to its holder until that holde
 saves, and a small hit never outweighs a queue. What it holds is what SGLang reuses: whole pages, of all but the
 prompt's last token (SGLang computes at least one).
 
-Blind: when no candidate publishes events, or the prompt's token ids are unknown (router/prompt_ids.py), the text
+The prompt's token ids (router/prompt_ids.py): given, or by the model's tokenizer where this router can read its
+folder; else (compose, Kubernetes: the workers downloaded the model) `prepare` asks a candidate's own /tokenize
+first, once per request, so the router needs no model of its own.
+
+Blind: when no candidate publishes events, or the prompt's token ids are unknown, the text
 `prefix` policy decides (router/pairing.py's PrefixAffinity, which pairing gives it: this module does not import
 pairing, which names it in its REGISTRY); a candidate without events, beside ones with them, is
 taken to hold nothing (routed by load). One candidate: no choice, nothing tokenized. Every choice is counted by kind,
@@ -24,7 +28,7 @@ from typing import Protocol
 
 from router.kv_index import KvIndex
 from router.metrics import RouterMetrics
-from router.prompt_ids import PromptTokens
+from router.prompt_ids import Client, PromptTokens
 from router.request import PdRequest
 from router.workers import Worker
 
@@ -47,11 +51,25 @@ class CacheAware:
         self.index = KvIndex()
         self.tokens = PromptTokens()
         self.fallback = fallback
-        self.metrics: RouterMetrics | None = None  # set with the event subscriptions (router/kv_events.py: start)
+        # Set with the event subscriptions (router/kv_events.py: start): the metrics, and the client of `prepare`.
+        self.metrics: RouterMetrics | None = None
+        self.client: Client | None = None
         self._rng = random.Random(seed)
 
     def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
         return self.fallback.choose(candidates, prompt)  # no request: by its text only
+
+    async def prepare(self, candidates: Sequence[Worker], request: PdRequest) -> None:
+        """Before the request's first choice: a text or chat prompt whose model's tokenizer this router cannot read
+        gets its ids from the least busy indexed candidate's /tokenize (on a failure, none: routed by its text)."""
+        client = self.client
+        if client is None or len(candidates) < 2 or request.prompt_ids is not None or request.checked.token_ids:
+            return
+        indexed = [w for w in candidates if self.index.live(w.worker_id)]
+        identity = indexed[0].identity if indexed else None
+        if identity is not None and self.tokens.remote(identity.model_path, request.route):
+            worker = min(indexed, key=lambda w: (w.pending_prompt_tokens, self._rng.random()))
+            request.prompt_ids = await self.tokens.ask(client, worker.url, request)
 
     def choose_for(self, candidates: Sequence[Worker], request: PdRequest) -> Worker:
         request.predicted_cached = None

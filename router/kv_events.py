@@ -28,6 +28,7 @@ from pdcluster.protocol import KVEventsEndpoint, Role
 from router.kv_index import KvIndex
 from router.kv_wire import END_OF_REPLAY, MAX_FRAME_BYTES, Batch, Malformed, decode, sequence_of
 from router.metrics import RouterMetrics
+from router.prompt_ids import Client
 from router.workers import Worker, WorkerPool
 
 log = logging.getLogger("pdcluster.router")
@@ -218,13 +219,14 @@ async def follow_kv_events(pool: WorkerPool, index: KvIndex, metrics: RouterMetr
             context.destroy(linger=0)
 
 
-def start(policy: object, pool: WorkerPool, metrics: RouterMetrics) -> list[asyncio.Task]:
-    """The subscriptions' task, if the prefill policy routes by KV events (router/app.py's start-up)."""
+def start(policy: object, pool: WorkerPool, metrics: RouterMetrics, client: Client) -> list[asyncio.Task]:
+    """The subscriptions' task, if the prefill policy routes by KV events (router/app.py's start-up). `client`: for
+    the policy's calls to workers' /tokenize."""
     from router.cache_aware import CacheAware
 
     if not isinstance(policy, CacheAware):
         return []
-    policy.metrics = metrics
+    policy.metrics, policy.client = metrics, client
     loading: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     def ready_tokenizer(worker: Worker) -> None:
