@@ -12,12 +12,12 @@ The prompt's token ids (router/prompt_ids.py): given, or by the model's tokenize
 folder; else (compose, Kubernetes: the workers downloaded the model) `prepare` asks a candidate's own /tokenize
 first, once per request, so the router needs no model of its own.
 
-Blind: when no candidate publishes events, or the prompt's token ids are unknown, the text
-`prefix` policy decides (router/pairing.py's PrefixAffinity, which pairing gives it: this module does not import
-pairing, which names it in its REGISTRY); a candidate without events, beside ones with them, is
-taken to hold nothing (routed by load). One candidate: no choice, nothing tokenized. Every choice is counted by kind,
-and what the chosen prefill was predicted to hold is kept on the request, to compare with what its answer reports
-(`meta_info.cached_tokens`).
+Blind: when no candidate publishes events, it routes as round robin does (perhaps no candidate has a radix cache:
+affinity would cost balance for nothing). When the prompt's ids are unknown, the text `prefix` policy decides
+(router/pairing.py's PrefixAffinity: pairing gives both, as this module does not import it). A candidate without
+events, beside ones with them, is taken to hold nothing (routed by load). One candidate: no choice, nothing
+tokenized. Every choice is counted by kind, and what the chosen prefill was predicted to hold is kept on the request,
+to compare with what its answer reports (`meta_info.cached_tokens`).
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ class CacheAware:
     """A pairing Policy (router/pairing.py's interface)."""
 
     name = "cache_aware"
-    needs_prompt = True  # for the blind fallback
+    needs_prompt = True  # for the prefix fallback
 
-    def __init__(self, fallback: Fallback, seed: int | None = None) -> None:
+    def __init__(self, fallback: Fallback, blind: Fallback, seed: int | None = None) -> None:
         self.index = KvIndex()
         self.tokens = PromptTokens()
-        self.fallback = fallback
+        self.fallback, self.blind = fallback, blind
         # Set with the event subscriptions (router/kv_events.py: start): the metrics, and the client of `prepare`.
         self.metrics: RouterMetrics | None = None
         self.client: Client | None = None
@@ -77,7 +77,7 @@ class CacheAware:
             return candidates[0]
         indexed = [w for w in candidates if self.index.live(w.worker_id)]
         if not indexed:
-            return self._count("blind", self.fallback.choose(candidates, request.hint))
+            return self._count("blind", self.blind.choose(candidates, ""))
         model = next((w.identity.model_path for w in indexed if w.identity is not None), None)
         ids = self.tokens.of(request, model)
         if ids is None:
@@ -107,3 +107,4 @@ class CacheAware:
 
     def worker_removed(self, worker_id: str) -> None:
         self.fallback.worker_removed(worker_id)
+        self.blind.worker_removed(worker_id)

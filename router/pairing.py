@@ -212,7 +212,7 @@ class PrefixAffinity(Policy):
 
 
 def _cache_aware() -> Policy:
-    return cast(Policy, CacheAware(PrefixAffinity()))  # a Policy by its methods: it cannot import this module
+    return cast(Policy, CacheAware(PrefixAffinity(), RoundRobin()))  # a Policy by its methods: cannot import this
 
 
 # Every policy by its name in the router config (router/config.py's POLICIES names the same).

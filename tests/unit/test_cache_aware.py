@@ -1,5 +1,5 @@
 """The cache_aware policy: the prefill holding the prompt's prefix wins, unless its queue costs more than the hit
-saves; blind (no events, no token ids) it routes as the text prefix policy does."""
+saves; blind (no events) it routes as round robin, and without token ids as the text prefix policy does."""
 
 from __future__ import annotations
 
@@ -65,16 +65,17 @@ def test_load_outweighs_a_small_hit_not_a_large_one():
     assert policy.choose_for(workers, request(PROMPT)).worker_id == "p0"
 
 
-def test_blind_without_events_or_token_ids_it_routes_by_the_prompts_text():
+def test_blind_it_routes_as_round_robin_and_without_token_ids_by_the_prompts_text():
     workers = prefills()
-    policy = policy_holding({})  # no worker publishes
+    policy = policy_holding({})  # no worker publishes: perhaps none caches; the cluster's old default
     text = "You are a helpful assistant. " * 20
+    assert {policy.choose_for(workers, request(text=text + q)).worker_id for q in ("1?", "2?", "3?")} == {
+        "p0", "p1", "p2"}
+    assert decisions(policy, "blind") == 3
+    policy = policy_holding({"p0": 40})  # indexed workers, but no tokenizer loaded for model "m"
     first = policy.choose_for(workers, request(text=text + "one?"))
     assert all(policy.choose_for(workers, request(text=text + q)) is first for q in ("two?", "three?"))
-    assert decisions(policy, "blind") == 3
-    policy = policy_holding({"p0": 40})
-    policy.choose_for(workers, request(text=text))  # indexed workers, but no tokenizer loaded for model "m"
-    assert decisions(policy, "no_tokens") == 1
+    assert decisions(policy, "no_tokens") == 3
 
 
 def test_the_prediction_is_what_sglang_reuses_and_rides_on_the_request():
