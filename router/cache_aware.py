@@ -84,11 +84,8 @@ class CacheAware:
             return self._count("no_tokens", self.fallback.choose(candidates, request.hint))
         held = self.index.match([w.worker_id for w in indexed], ids, len(ids) - 1)
         chosen = self.pick(candidates, held, len(ids))
-        predicted = held.get(chosen.worker_id, 0)
         if request.checked.batch_size is None:  # a batch's answer counts all its prompts: no comparison
-            request.predicted_cached = predicted
-        if self.metrics is not None:
-            self.metrics.predicted_cached.inc(predicted)
+            request.predicted_cached = held.get(chosen.worker_id, 0)
         return self._count("indexed", chosen)
 
     def pick(self, candidates: Sequence[Worker], held: dict[str, int], prompt_tokens: int) -> Worker:

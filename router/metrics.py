@@ -120,9 +120,6 @@ class RouterMetrics:
         self.routing = _Labelled(Counter(
             "pdcluster_router_routing_decisions", "cache_aware choices of a prefill, by kind (indexed; blind: no "
             "candidate publishes KV events; no_tokens: no token ids for the prompt)", ["kind"], registry=r))
-        self.predicted_cached = Counter(
-            "pdcluster_router_predicted_cached_tokens", "Prompt tokens the chosen prefill was predicted to hold "
-            "(to compare with pdcluster_router_cached_prompt_tokens)", registry=r)
         self.kv_lag = _Labelled(Histogram(
             "pdcluster_router_kv_event_lag_seconds", "From a prefill's publishing a KV event batch to this router "
             "applying it (live batches; the two hosts' clock skew included)", ["worker"], buckets=LAG_BUCKETS,
