@@ -12,12 +12,12 @@ The prompt's token ids (router/prompt_ids.py): given, or by the model's tokenize
 folder; else (compose, Kubernetes: the workers downloaded the model) `prepare` asks a candidate's own /tokenize
 first, once per request, so the router needs no model of its own.
 
-Blind: when no candidate publishes events, it routes as round robin does (perhaps no candidate has a radix cache:
-affinity would cost balance for nothing). When the prompt's ids are unknown, the text `prefix` policy decides
-(router/pairing.py's PrefixAffinity: pairing gives both, as this module does not import it). A candidate without
-events, beside ones with them, is taken to hold nothing (routed by load). One candidate: no choice, nothing
-tokenized. Every choice is counted by kind, and what the chosen prefill was predicted to hold is kept on the request,
-to compare with what its answer reports (`meta_info.cached_tokens`).
+Blind: when no candidate's events were heard (none publishes, or none got through yet), it routes as round robin
+does (perhaps no candidate has a radix cache: affinity would cost balance for nothing). When the prompt's ids are
+unknown, the text `prefix` policy decides (router/pairing.py's PrefixAffinity: pairing gives both, as this module
+does not import it). A candidate not heard from, beside ones that were, is taken to hold nothing (routed by load).
+One candidate: no choice, nothing tokenized. Every choice is counted by kind, and what the chosen prefill was
+predicted to hold is kept on the request, to compare with what its answer reports (`meta_info.cached_tokens`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class CacheAware:
         client = self.client
         if client is None or len(candidates) < 2 or request.prompt_ids is not None or request.checked.token_ids:
             return
-        indexed = [w for w in candidates if self.index.live(w.worker_id)]
+        indexed = [w for w in candidates if self.index.heard(w.worker_id)]
         identity = indexed[0].identity if indexed else None
         if identity is not None and self.tokens.remote(identity.model_path, request.route):
             worker = min(indexed, key=lambda w: (w.pending_prompt_tokens, self._rng.random()))
@@ -75,7 +75,7 @@ class CacheAware:
         request.predicted_cached = None
         if len(candidates) == 1:
             return candidates[0]
-        indexed = [w for w in candidates if self.index.live(w.worker_id)]
+        indexed = [w for w in candidates if self.index.heard(w.worker_id)]
         if not indexed:
             return self._count("blind", self.blind.choose(candidates, ""))
         model = next((w.identity.model_path for w in indexed if w.identity is not None), None)

@@ -40,9 +40,11 @@ class WorkerIndex:
     pages: dict[int, Page] = field(default_factory=dict)  # engine hash -> page
     keys: dict[int, int] = field(default_factory=dict)  # content key -> pages holding it (LoRA namespaces may share)
     orphans: int = 0  # stored pages whose parent it never saw (joined late): not indexed
+    heard: bool = False  # an event came since it was opened (a silent publisher's index knows nothing)
     overflow: int = 0  # stored pages past max_pages: not indexed
 
     def apply(self, event: Event) -> None:
+        self.heard = True
         if isinstance(event, Stored):
             self._store(event)
         elif isinstance(event, Removed):
@@ -101,7 +103,9 @@ class WorkerIndex:
 
 class KvIndex:
     """Every subscribed worker's index, by worker id. A worker is `live` from its subscription on: the subscriber
-    (router/kv_events.py) replays what its publisher buffered first, so a (re)started router starts from it."""
+    (router/kv_events.py) replays what its publisher buffered first, so a (re)started router starts from it. It is
+    `heard` once an event came: routing by the index of a publisher that sent nothing (none yet, or a port the
+    router cannot reach) would claim to know what it does not."""
 
     def __init__(self, max_pages: int = MAX_PAGES_PER_WORKER):
         self.max_pages = max_pages
@@ -118,6 +122,10 @@ class KvIndex:
 
     def live(self, worker_id: str) -> bool:
         return worker_id in self.workers
+
+    def heard(self, worker_id: str) -> bool:
+        index = self.workers.get(worker_id)
+        return index is not None and index.heard
 
     def apply(self, worker_id: str, events: Iterable[Event]) -> None:
         index = self.workers.get(worker_id)

@@ -119,7 +119,7 @@ class RouterMetrics:
                                     ["worker"], multiprocess_mode="livemax", registry=r)
         self.routing = _Labelled(Counter(
             "pdcluster_router_routing_decisions", "cache_aware choices of a prefill, by kind (indexed; blind: no "
-            "candidate publishes KV events; no_tokens: no token ids for the prompt)", ["kind"], registry=r))
+            "KV events heard from any candidate; no_tokens: no token ids for the prompt)", ["kind"], registry=r))
         self.kv_lag = _Labelled(Histogram(
             "pdcluster_router_kv_event_lag_seconds", "From a prefill's publishing a KV event batch to this router "
             "applying it (live batches; the two hosts' clock skew included)", ["worker"], buckets=LAG_BUCKETS,

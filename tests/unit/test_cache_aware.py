@@ -71,6 +71,10 @@ def test_blind_it_routes_as_round_robin_and_without_token_ids_by_the_prompts_tex
     assert {policy.choose_for(workers, request(text=text + q)).worker_id for q in ("1?", "2?", "3?")} == {
         "p0", "p1", "p2"}
     assert decisions(policy, "blind") == 3
+    for worker in workers:  # subscribed, but nothing heard yet (or a port the router cannot reach): still blind
+        policy.index.open(worker.worker_id, PAGE)
+    assert {policy.choose_for(workers, request(PROMPT)).worker_id for _ in range(3)} == {"p0", "p1", "p2"}
+    assert decisions(policy, "blind") == 6
     policy = policy_holding({"p0": 40})  # indexed workers, but no tokenizer loaded for model "m"
     first = policy.choose_for(workers, request(text=text + "one?"))
     assert all(policy.choose_for(workers, request(text=text + q)) is first for q in ("two?", "three?"))
