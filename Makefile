@@ -15,7 +15,7 @@ MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap prometheus
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
-	bench-tracing bench-persistence bench-kv-handoff bench-clients clean
+	bench-tracing bench-persistence bench-kv-handoff bench-clients bench-routing clean
 
 setup: system-packages venv model
 
@@ -115,6 +115,12 @@ bench-persistence:
 # and .png.
 bench-n:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.n_choices
+
+# The prefill policies (round_robin, prefix, cache_aware) side by side on 2 prefills + 1 decode, SmolLM2, tenants
+# with long shared prompts (~25 min; QUICK=1: a check of the harness; bench.routing --dry-run: the workload only):
+# bench/results/routing.json and .png.
+bench-routing:
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL))
 
 # One prompt's KV (1k-8k tokens of SmolLM2-135M) moved prefill -> decode through Mooncake's TCP transport as SGLang's
 # connector sends it, against a loopback socket moving the same bytes, with Mooncake's knobs (~2-3 min, no SGLang):

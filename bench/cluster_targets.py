@@ -60,7 +60,7 @@ MODELS = {
 }
 # 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), tests/chaos (38xxx), persistence (29xxx).
 PORTS = {"router": 27000, "bootstrap": 27998, "prefill": 27100, "kv_bootstrap": 27300, "decode": 27200,
-         "colocated": 27500}
+         "colocated": 27500, "kv_events": 27400}
 
 
 def worker_config(role: str, sleep_on_idle: bool, out_dir: Path) -> str:
@@ -86,7 +86,7 @@ def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir
         prefill=WorkerGroupSpec(config=worker_config("prefill", sleep_on_idle, log_dir),
                                 args=[*model.worker_args, *extra.get("prefill", [])],
                                 count=prefills, first_port=PORTS["prefill"],
-                                first_kv_bootstrap_port=PORTS["kv_bootstrap"]),
+                                first_kv_bootstrap_port=PORTS["kv_bootstrap"], first_kv_events_port=PORTS["kv_events"]),
         decode=WorkerGroupSpec(config=worker_config("decode", sleep_on_idle, log_dir),
                                args=[*model.worker_args, *extra.get("decode", [])],
                                count=1, first_port=PORTS["decode"]),

@@ -76,7 +76,8 @@ def _lifespan(config: RouterConfig, pool: WorkerPool, metrics: RouterMetrics, pd
         pd.dispatcher = Dispatcher(upstream, metrics, background, config)
         state["client"] = client
         tasks = [asyncio.create_task(probe_forever(config, pool, client, upstream)),
-                 asyncio.create_task(admissions.run()), *kv_events.start(pd.pairing.prefill_policy, pool, metrics)]
+                 asyncio.create_task(admissions.run()),
+                 *kv_events.start(pd.pairing.prefill_policy, pool, metrics, upstream)]
         tasks += await _first_listing(config, pool, client, admissions)
         if metrics.multiprocess:
             tasks.append(asyncio.create_task(_sample_every_second(metrics)))

@@ -130,7 +130,7 @@ class Attempt:
         except BaseException:  # cancelled: the client left, or total_timeout passed; both halves may still work on it
             self.end(AttemptState.DEADLINE if time.monotonic() >= request.deadline else AttemptState.CLIENT_GONE)
             raise
-        self.d.metrics.count_cached(payload)
+        self.d.metrics.count_cached(payload, predicted=request.predicted_cached)
         self.end(AttemptState.DELIVERED)
         return Answer(response.status, payload, headers)
 
@@ -180,7 +180,7 @@ class Attempt:
                 yield chunk
                 if chunk.endswith(b"data: [DONE]\n\n"):  # the last event: whole, even if the client goes now
                     break
-            metrics.count_cached(last, stream=True)
+            metrics.count_cached(last, stream=True, predicted=request.predicted_cached)
             self.end(AttemptState.DELIVERED)
         except HALF_ERRORS as exc:
             failure = failures.as_failure(self.decode, exc)

@@ -8,6 +8,7 @@ that (re)starts knows what the prefill held before it came. Then, batch by batch
 - a gap (a batch lost: ZMQ drops past its high-water mark) is replayed from the replay socket; without one, or if
   the replay cannot close it, the worker's entries are dropped and it is indexed afresh from there on;
 - a sequence that goes back (the publisher restarted) drops its entries too.
+Each live batch's lag (SGLang stamps a batch with its wall clock) is measured, to tell a slow index from a wrong one.
 A hostile or broken publisher is bounded: ZMQ refuses frames over MAX_FRAME_BYTES, the socket queues at most RCVHWM
 messages, the index holds at most its max_pages per worker, malformed batches are counted and logged once, and a
 flood yields the event loop every few messages.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import zmq
 import zmq.asyncio
@@ -26,6 +28,7 @@ from pdcluster.protocol import KVEventsEndpoint, Role
 from router.kv_index import KvIndex
 from router.kv_wire import END_OF_REPLAY, MAX_FRAME_BYTES, Batch, Malformed, decode, sequence_of
 from router.metrics import RouterMetrics
+from router.prompt_ids import Client
 from router.workers import Worker, WorkerPool
 
 log = logging.getLogger("pdcluster.router")
@@ -108,6 +111,8 @@ class Subscription:
             self._resync("gap")
         self.replayed = False
         self._apply(batch)
+        if self.metrics and batch.published is not None:  # a replayed batch is old by design: live ones only
+            self.metrics.kv_lag.labels(self.worker_id).observe(max(0.0, time.time() - batch.published))
         return None
 
     def _apply(self, batch: Batch) -> None:
@@ -214,13 +219,14 @@ async def follow_kv_events(pool: WorkerPool, index: KvIndex, metrics: RouterMetr
             context.destroy(linger=0)
 
 
-def start(policy: object, pool: WorkerPool, metrics: RouterMetrics) -> list[asyncio.Task]:
-    """The subscriptions' task, if the prefill policy routes by KV events (router/app.py's start-up)."""
+def start(policy: object, pool: WorkerPool, metrics: RouterMetrics, client: Client) -> list[asyncio.Task]:
+    """The subscriptions' task, if the prefill policy routes by KV events (router/app.py's start-up). `client`: for
+    the policy's calls to workers' /tokenize."""
     from router.cache_aware import CacheAware
 
     if not isinstance(policy, CacheAware):
         return []
-    policy.metrics = metrics
+    policy.metrics, policy.client = metrics, client
     loading: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     def ready_tokenizer(worker: Worker) -> None:

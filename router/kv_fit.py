@@ -26,13 +26,12 @@ import orjson
 
 from pdcluster.http import ApiError
 from router.failures import TRANSPORT_ERRORS
+from router.prompt_ids import CHAT_KEYS
 from router.request import Checked, PdRequest
 from router.upstream import UpstreamClient
 from router.workers import Worker
 
 COUNT_TIMEOUT = 30.0  # seconds for a decode's /tokenize
-# What SGLang's /tokenize reads of a chat request besides messages, so that it renders them as the chat does.
-CHAT_KEYS = ("tools", "tool_choice", "reasoning_effort", "continue_final_message", "chat_template_kwargs")
 _JSON = {"content-type": "application/json"}
 
 

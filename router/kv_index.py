@@ -40,9 +40,11 @@ class WorkerIndex:
     pages: dict[int, Page] = field(default_factory=dict)  # engine hash -> page
     keys: dict[int, int] = field(default_factory=dict)  # content key -> pages holding it (LoRA namespaces may share)
     orphans: int = 0  # stored pages whose parent it never saw (joined late): not indexed
+    heard: bool = False  # an event came since it was opened (a silent publisher's index knows nothing)
     overflow: int = 0  # stored pages past max_pages: not indexed
 
     def apply(self, event: Event) -> None:
+        self.heard = True
         if isinstance(event, Stored):
             self._store(event)
         elif isinstance(event, Removed):
@@ -101,7 +103,9 @@ class WorkerIndex:
 
 class KvIndex:
     """Every subscribed worker's index, by worker id. A worker is `live` from its subscription on: the subscriber
-    (router/kv_events.py) replays what its publisher buffered first, so a (re)started router starts from it."""
+    (router/kv_events.py) replays what its publisher buffered first, so a (re)started router starts from it. It is
+    `heard` once an event came: routing by the index of a publisher that sent nothing (none yet, or a port the
+    router cannot reach) would claim to know what it does not."""
 
     def __init__(self, max_pages: int = MAX_PAGES_PER_WORKER):
         self.max_pages = max_pages
@@ -119,6 +123,10 @@ class KvIndex:
     def live(self, worker_id: str) -> bool:
         return worker_id in self.workers
 
+    def heard(self, worker_id: str) -> bool:
+        index = self.workers.get(worker_id)
+        return index is not None and index.heard
+
     def apply(self, worker_id: str, events: Iterable[Event]) -> None:
         index = self.workers.get(worker_id)
         if index is not None:
@@ -129,9 +137,10 @@ class KvIndex:
         index = self.workers.get(worker_id)
         return len(index.pages) if index is not None else 0
 
-    def match(self, worker_ids: Iterable[str], token_ids: Sequence[int]) -> dict[str, int]:
-        """Per worker, how many leading tokens of `token_ids` it holds (whole pages). Stops hashing at the first page
-        no worker holds: a miss costs one hash."""
+    def match(self, worker_ids: Iterable[str], token_ids: Sequence[int], limit: int | None = None) -> dict[str, int]:
+        """Per worker, how many leading tokens of `token_ids` (of its first `limit`) it holds (whole pages). Stops
+        hashing at the first page no worker holds: a miss costs one hash."""
+        end = len(token_ids) if limit is None else min(limit, len(token_ids))
         held: dict[str, int] = {}
         by_size: dict[int, list[tuple[str, WorkerIndex]]] = {}
         for worker_id in worker_ids:
@@ -141,7 +150,7 @@ class KvIndex:
         for size, indexes in by_size.items():
             held.update((worker_id, 0) for worker_id, _ in indexes)
             key, depth = ROOT, 0
-            while indexes and (depth + 1) * size <= len(token_ids):
+            while indexes and (depth + 1) * size <= end:
                 key = page_key(key, token_ids[depth * size:(depth + 1) * size])
                 depth += 1
                 indexes = [(worker_id, index) for worker_id, index in indexes if key in index.keys]

@@ -60,6 +60,7 @@ class Batch:
     sequence: int
     events: tuple[Event, ...]
     skipped: int  # events that made no sense
+    published: float | None = None  # the publisher's wall clock when it made the batch (SGLang's `ts`)
 
 
 def sequence_of(frame: bytes) -> int:
@@ -91,7 +92,8 @@ def decode(frames: list[bytes]) -> Batch:
             skipped += 1
         else:
             events.append(event)
-    return Batch(sequence, tuple(events), skipped)
+    published = batch[0] if type(batch[0]) in (float, int) else None
+    return Batch(sequence, tuple(events), skipped, published)
 
 
 # The positional (pre-0.5.23) field order of each event after its tag.

@@ -25,6 +25,9 @@ from prometheus_client.registry import Collector
 from router.workers import WorkerPool
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+# Predicted less actual cached tokens: signed, so that a stale index (over 0) and a lagging one (under 0) show apart.
+MISS_BUCKETS = (-4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096)
 
 
 _GAUGES: list[tuple[str, str, Literal["livesum", "livemin", "livemax"]]] = [  # name, help, how processes combine
@@ -116,10 +119,19 @@ class RouterMetrics:
                                     ["worker"], multiprocess_mode="livemax", registry=r)
         self.routing = _Labelled(Counter(
             "pdcluster_router_routing_decisions", "cache_aware choices of a prefill, by kind (indexed; blind: no "
-            "candidate publishes KV events; no_tokens: no token ids for the prompt)", ["kind"], registry=r))
-        self.predicted_cached = Counter(
-            "pdcluster_router_predicted_cached_tokens", "Prompt tokens the chosen prefill was predicted to hold "
-            "(to compare with pdcluster_router_cached_prompt_tokens)", registry=r)
+            "KV events heard from any candidate; no_tokens: no token ids for the prompt)", ["kind"], registry=r))
+        self.kv_lag = _Labelled(Histogram(
+            "pdcluster_router_kv_event_lag_seconds", "From a prefill's publishing a KV event batch to this router "
+            "applying it (live batches; the two hosts' clock skew included)", ["worker"], buckets=LAG_BUCKETS,
+            registry=r))
+        self.prediction = _Labelled(Counter(
+            "pdcluster_router_kv_prediction_tokens", "Answers of the requests the KV index routed: the prompt tokens "
+            "their prefill was predicted to hold (predicted) and those the answer reports cached (actual)", ["kind"],
+            registry=r))
+        self.prediction_miss = Histogram(
+            "pdcluster_router_kv_prediction_miss_tokens", "Per answer the KV index routed: predicted less actual "
+            "cached tokens (over 0: the index claimed pages the prefill no longer held; under 0: it held more than "
+            "the index knew)", buckets=MISS_BUCKETS, registry=r)
         self._kv_sized: set[str] = set()
 
     def set_kv_index_sizes(self, sizes: dict[str, int]) -> None:
@@ -129,13 +141,19 @@ class RouterMetrics:
             self.kv_index_pages.remove(gone)
         self._kv_sized = set(sizes)
 
-    def count_cached(self, answer: bytes, stream: bool = False) -> None:
-        """`answer`: a whole answer, or (`stream`) a stream's last chunk with counts, whose last event is counted."""
+    def count_cached(self, answer: bytes, stream: bool = False, predicted: int | None = None) -> None:
+        """`answer`: a whole answer, or (`stream`) a stream's last chunk with counts, whose last event is counted.
+        `predicted`: the cached tokens the KV index predicted for it (router/cache_aware.py), if it routed it."""
         if stream:  # SGLang's counts in a stream are cumulative: only the last event's count
             events = [e for e in answer.split(b"\n\n") if b"cached_tokens" in e]
             answer = events[-1] if events else b""
-        for tier, count in cached_tokens(answer).items():
+        found = cached_tokens(answer)
+        for tier, count in found.items():
             self.cached_tokens.labels(tier).inc(count)
+        if predicted is not None and "total" in found:  # an OpenAI answer without SGLang's cache report: no count
+            self.prediction.labels("predicted").inc(predicted)
+            self.prediction.labels("actual").inc(found["total"])
+            self.prediction_miss.observe(predicted - found["total"])
 
     def sample_pool(self) -> None:
         """Multiprocess mode: write this process's view of its workers where the other processes can read it."""

@@ -20,7 +20,7 @@ import hashlib
 import itertools
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -109,6 +109,8 @@ class Policy:
     name: str = ""
     # Whether choose() reads the prompt. If not, it gets "" and the prompt is never made into text for it.
     needs_prompt: bool = False
+    # Awaited once per request, before its first choice, with the available prefills, if set (cache_aware: token ids).
+    prepare: Callable[[Sequence[Worker], PdRequest], Awaitable[None]] | None = None
 
     def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
         """`candidates` is never empty; the policy must not mutate it. `prompt`: at most HINT_CHARS of the prompt
@@ -210,7 +212,7 @@ class PrefixAffinity(Policy):
 
 
 def _cache_aware() -> Policy:
-    return cast(Policy, CacheAware(PrefixAffinity()))  # a Policy by its methods: it cannot import this module
+    return cast(Policy, CacheAware(PrefixAffinity(), RoundRobin()))  # a Policy by its methods: cannot import this
 
 
 # Every policy by its name in the router config (router/config.py's POLICIES names the same).

@@ -5,7 +5,7 @@ when a bound cannot decide, a round trip per request). Here the cheapest correct
 - prompts given as token ids (`input_ids`, a completion's `prompt` of ids): those, as they are;
 - a text prompt (`/generate`'s `text`, a completion's `prompt`): the model's own `tokenizer.json`, loaded with the
   `tokenizers` library (Rust; what SGLang's fast tokenizer runs) from the model folder the prefills registered, if
-  this router can read it (`make up`, the tests; in compose or Kubernetes the router needs the model mounted).
+  this router can read it (`make up`, the tests, the CPU image's built-in models).
   SGLang encodes a text with its special tokens (`tokenizer.encode(text)`), and so does this. Only the first
   MAX_CHARS characters are encoded, less the last tokens, which a longer text may merge differently: prefix matching
   needs no more, and the cost stays bounded;
@@ -13,6 +13,10 @@ when a bound cannot decide, a round trip per request). Here the cheapest correct
   encoded as a text is, but with no special tokens added (the template writes its own), and the text of a final
   assistant message it continues after them. A chat the renderer does not follow: None, routed by its text.
 A tokenizer and template are loaded off the event loop (`load`, when a prefill is first subscribed); until then: None.
+A model whose folder this router cannot read (a hub id the workers downloaded: compose, Kubernetes) is `remote`:
+its prompts' ids (and a chat's where no template loads) are what a worker's SGLang /tokenize answers (`ask`: the same
+cut of a text, a chat as its completion renders it). A round trip per request, but no tokenizer to ship or mount:
+a registration cannot carry one, and a model's folder is the workers' own.
 """
 
 from __future__ import annotations
@@ -22,13 +26,21 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
+
 from router import chat_template
 from router.chat_template import ChatTemplate
+from router.upstream_response import UpstreamError
 
 log = logging.getLogger("pdcluster.router")
 
 MAX_CHARS = 32_768
 BOUNDARY_TOKENS = 4  # dropped from a cut text's ids: the cut may split what a longer text makes one token
+ASK_TIMEOUT = 1.0  # seconds a worker's /tokenize may take before its request is routed without ids
+# What SGLang's /tokenize reads of a chat request besides messages, so that it renders them as the chat does.
+CHAT_KEYS = ("tools", "tool_choice", "reasoning_effort", "continue_final_message", "chat_template_kwargs")
+_JSON = {"content-type": "application/json"}
+CHAT = "/v1/chat/completions"
 
 
 class _Checked(Protocol):  # router/request.py's Checked, what is read of it (not imported: a short import chain)
@@ -47,19 +59,71 @@ class _Request(Protocol):  # ... and its PdRequest
     def body(self) -> dict[str, Any]: ...
     @property
     def checked(self) -> _Checked: ...
+    @property
+    def prompt_ids(self) -> list[int] | None: ...
+
+
+class _Response(Protocol):  # router/upstream_response.py's UpstreamResponse
+    status: int
+
+    async def read(self) -> bytes: ...
+
+
+class Client(Protocol):  # router/upstream.py's UpstreamClient (not imported: a short import chain)
+    async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
+                      headers: dict[str, str] | None = None) -> _Response: ...
 
 
 class PromptTokens:
     def __init__(self) -> None:
         self.tokenizers: dict[str, Any] = {}  # model path -> tokenizers.Tokenizer, or None: cannot be loaded
         self.templates: dict[str, ChatTemplate | None] = {}  # model path -> its chat template, compiled, if any
+        self.remotes: set[str] = set()  # model paths whose tokenizer this router cannot read: a worker's /tokenize
+        self._failed: set[str] = set()  # workers whose /tokenize failed, logged once each
 
     async def load(self, model_path: str) -> None:
         if model_path not in self.tokenizers:
             self.tokenizers[model_path] = None  # one attempt per model
             self.tokenizers[model_path], self.templates[model_path] = await asyncio.to_thread(_load, model_path)
+            if self.tokenizers[model_path] is None:
+                self.remotes.add(model_path)
+
+    def remote(self, model_path: str, route: str) -> bool:
+        """Whether a request's ids must come from a worker (`ask`): no tokenizer here, or a chat and no template."""
+        return model_path in self.remotes or (route == CHAT and model_path in self.templates
+                                              and self.templates[model_path] is None)
+
+    async def ask(self, client: Client, url: str, request: _Request) -> list[int] | None:
+        """The prompt's ids by the worker at `url` (SGLang's /tokenize: its own tokenizer and chat template); None
+        if it fails or takes longer than ASK_TIMEOUT."""
+        body, prompt, cut = request.body, request.checked.first_prompt, False
+        if request.route == CHAT:
+            ask = {"messages": body.get("messages"), **{k: body[k] for k in CHAT_KEYS if body.get(k) is not None}}
+        elif isinstance(prompt, str):
+            ask, cut = {"prompt": prompt[:MAX_CHARS]}, len(prompt) > MAX_CHARS
+        else:
+            return None
+        try:
+            async with asyncio.timeout(ASK_TIMEOUT):
+                response = await client.request("POST", url, "/tokenize", orjson.dumps(ask), _JSON)
+                answer = orjson.loads(await response.read())
+        except (UpstreamError, TimeoutError, orjson.JSONDecodeError) as exc:
+            self._failed_once(url, type(exc).__name__)
+            return None
+        ids = answer.get("tokens") if isinstance(answer, dict) and response.status == 200 else None
+        if not isinstance(ids, list) or (ids and type(ids[0]) is not int):
+            self._failed_once(url, f"HTTP {response.status}")
+            return None
+        return ids[:-BOUNDARY_TOKENS] if cut else ids
+
+    def _failed_once(self, url: str, why: str) -> None:
+        if url not in self._failed:
+            self._failed.add(url)
+            log.warning("cache_aware: %s/tokenize failed (%s); such requests are routed by their text", url, why)
 
     def of(self, request: _Request, model_path: str | None) -> list[int] | None:
+        if request.prompt_ids is not None:  # a worker's tokenizer made them (`ask`)
+            return request.prompt_ids
         checked = request.checked
         if checked.token_ids is not None:
             ids = checked.prompts[0] if checked.prompts else None
@@ -67,7 +131,7 @@ class PromptTokens:
         tokenizer = self.tokenizers.get(model_path) if model_path is not None else None
         if tokenizer is None:
             return None
-        if request.route == "/v1/chat/completions":
+        if request.route == CHAT:
             template = self.templates.get(model_path or "")
             return _chat(tokenizer, template, request.body) if template is not None else None
         prompt = checked.first_prompt
@@ -101,12 +165,12 @@ def _load(model_path: str) -> tuple[Any, ChatTemplate | None]:
 
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     except Exception as exc:  # a hub id, a folder this router cannot read, a slow tokenizer only
-        log.warning("cache_aware: no tokenizer for %s (%s); its text prompts are routed by their text", model_path,
-                    type(exc).__name__)
+        log.warning("cache_aware: no tokenizer for %s here (%s); its prompts' ids come from the workers' /tokenize",
+                    model_path, type(exc).__name__)
         return None, None
     try:
         return tokenizer, chat_template.load(folder)
     except Exception as exc:  # a template jinja2 cannot compile, an unreadable tokenizer_config.json
-        log.warning("cache_aware: no chat template for %s (%s); its chats are routed by their text", model_path,
-                    type(exc).__name__)
+        log.warning("cache_aware: no chat template for %s here (%s); its chats' ids come from the workers' /tokenize",
+                    model_path, type(exc).__name__)
         return tokenizer, None

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from pdcluster.http import ApiError, check_bearer, parse_json_object
+from pdcluster.protocol import Role
 from router import fanout, openai_answer, tracing
 from router.attempt import Attempt, Dispatcher
 from router.config import RouterConfig
@@ -24,7 +25,7 @@ from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 from router.failures import HalfFailed
 from router.kv_fit import count_prompt, refuse_empty_texts
 from router.metrics import RouterMetrics
-from router.pairing import Pairing, PromptTooLong, check_for_pair, pair_limits
+from router.pairing import Pairing, PromptTooLong, available, check_for_pair, pair_limits
 from router.request import Checked, PdRequest, new_rid
 from router.validation import check_chat, check_completion, check_generate
 
@@ -102,6 +103,9 @@ class PdService:
     async def serve(self, request: PdRequest) -> Answer | StreamAnswer:
         """The request's attempts, each on a pair, until one answers or a failure is final."""
         config, route, request_id = self.config, request.route, request.request_id
+        prepare = self.pairing.prefill_policy.prepare
+        if prepare is not None and request.prefer_prefill is None:  # a fan-out's later choice has its prefill
+            await prepare(available(self.pairing.pool, Role.PREFILL, request.tried), request)
         while True:
             try:
                 prefill, decode = self.pairing.choose(request)
@@ -137,4 +141,6 @@ class PdService:
             if config.expose_worker_ids:
                 answer.headers["x-pdcluster-prefill"] = prefill.worker_id
                 answer.headers["x-pdcluster-decode"] = decode.worker_id
+                if request.predicted_cached is not None:  # the KV index chose the prefill: what it expected there
+                    answer.headers["x-pdcluster-cached-tokens-predicted"] = str(request.predicted_cached)
             return answer if route == "/generate" else openai_answer.shaped(answer, route, request.body)

@@ -58,7 +58,7 @@ class FakeWorker:
     canaries: int = 0
     canary_failures: int = 0  # answer this many canaries with 503 first
     canary_stalls: int = 0  # then leave this many unanswered for a minute (a worker stopped mid-canary)
-    tokenized: list[dict] = field(default_factory=list)  # what /tokenize was asked (a token is two characters)
+    tokenized: list[dict] = field(default_factory=list)  # what /tokenize was asked (its ids: fake_ids)
     tokenize_status: int = 200
 
     def app(self) -> FastAPI:
@@ -79,12 +79,15 @@ class FakeWorker:
             self.tokenized.append(body)
             if self.tokenize_status != 200:
                 return JSONResponse({"message": "fake tokenizer failure"}, status_code=self.tokenize_status)
+            tokens: list[int] | list[list[int]]
             if "messages" in body:
-                count: int | list[int] = sum(len(str(m.get("content") or "")) // 2 + 4 for m in body["messages"])
+                tokens = [t for m in body["messages"] for t in [0, 1, 2, 3, *fake_ids(str(m.get("content") or ""))]]
+            elif isinstance(body["prompt"], list):
+                tokens = [fake_ids(p) for p in body["prompt"]]
             else:
-                prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
-                count = [len(p) // 2 for p in prompts] if isinstance(body["prompt"], list) else len(prompts[0]) // 2
-            return JSONResponse({"tokens": [], "count": count, "max_model_len": 2048})
+                tokens = fake_ids(body["prompt"])
+            count = [len(t) for t in tokens] if isinstance(body.get("prompt"), list) else len(tokens)
+            return JSONResponse({"tokens": tokens, "count": count, "max_model_len": 2048})
 
         @app.get("/v1/models")
         async def models() -> dict:
@@ -160,6 +163,11 @@ class FakeWorker:
         yield b"data: [DONE]\n\n"
         if b.done_lingers:
             await asyncio.sleep(b.done_lingers)
+
+
+def fake_ids(text: str) -> list[int]:
+    """The fake's tokenizer: a token per two characters, each pair its own id (a prefix of a text, a prefix of ids)."""
+    return [ord(text[i]) * 1024 + ord(text[i + 1]) for i in range(0, len(text) - 1, 2)]
 
 
 def _head(body: dict, path: str, chunk: bool = False) -> dict:

@@ -299,6 +299,9 @@ def project(engine, image, tmp_path_factory) -> Project:
     # The router's compose config plus expose_worker_ids, so that an answer names the pair that served it.
     router_config = yaml.safe_load((REPO / "configs" / "compose" / "router.yaml").read_text())
     router_config["expose_worker_ids"] = True
+    # Round robin, not the shipped cache_aware: the checks spread one prompt over both prefills (the new one's warm
+    # disk is no hit in a router's KV index).
+    router_config["prefill_policy"] = "round_robin"
     (RUN_DIR / "router.yaml").write_text(yaml.safe_dump(router_config))
     override = RUN_DIR / "compose.test.yml"
     services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]

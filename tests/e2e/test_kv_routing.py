@@ -43,23 +43,29 @@ def _ready(client: httpx.Client) -> bool:
         return False
 
 
-def send(client: httpx.Client, text: str) -> tuple[str, int]:
+def send(client: httpx.Client, text: str) -> tuple[str, int, int | None]:
+    """The prefill that served it, the cached tokens its answer reports, and those the router predicted there."""
     response = client.post("/generate", json={"text": text, "sampling_params": {"max_new_tokens": 4,
                                                                                 "temperature": 0}})
     assert response.status_code == 200, response.text
-    return response.headers["x-pdcluster-prefill"], response.json()["meta_info"]["cached_tokens"]
+    predicted = response.headers.get("x-pdcluster-cached-tokens-predicted")
+    return (response.headers["x-pdcluster-prefill"], response.json()["meta_info"]["cached_tokens"],
+            int(predicted) if predicted is not None else None)
 
 
 def test_a_prompts_repeats_go_to_the_prefill_that_holds_it(cache_router):
     shared = words("kv-routing", 600)
-    first, _ = send(cache_router, shared + " " + words("suffix-0", 20))
+    first, _, _ = send(cache_router, shared + " " + words("suffix-0", 20))
     # The prefill's BlockStored events reach the router after its batch: wait until it has indexed some pages.
     assert until(lambda: _indexed(cache_router, first), 30, 0.2), cache_router.get("/metrics").text[-3000:]
     landed = [send(cache_router, shared + " " + words(f"suffix-{i}", 20)) for i in range(1, 7)]
-    assert {prefill for prefill, _ in landed} == {first}, landed
-    assert min(cached for _, cached in landed) >= 500, landed  # most of the ~600-word shared part
+    assert {prefill for prefill, _, _ in landed} == {first}, landed
+    assert min(cached for _, cached, _ in landed) >= 500, landed  # most of the ~600-word shared part
+    # By the last one the index holds the shared part's pages, and the answer's header says it expected them.
+    assert (landed[-1][2] or 0) >= 500, landed
     metrics = cache_router.get("/metrics").text
     assert 'pdcluster_router_routing_decisions_total{kind="indexed"}' in metrics
+    assert 'pdcluster_router_kv_prediction_tokens_total{kind="actual"}' in metrics
 
 
 def _indexed(client: httpx.Client, worker_id: str) -> bool:

@@ -26,9 +26,9 @@ def cleared() -> AllBlocksCleared:
     return AllBlocksCleared()
 
 
-def payload(events: list[Any]) -> bytes:
-    """As SGLang 0.5.23 sends a batch."""
-    return msgspec.msgpack.encode(KVEventBatch(ts=1.0, events=events))
+def payload(events: list[Any], ts: float = 1.0) -> bytes:
+    """As SGLang 0.5.23 sends a batch (`ts`: when it was made, by the publisher's clock)."""
+    return msgspec.msgpack.encode(KVEventBatch(ts=ts, events=events))
 
 
 def positional_payload(events: list[Any]) -> bytes:
@@ -45,8 +45,8 @@ def positional_payload(events: list[Any]) -> bytes:
     return msgspec.msgpack.encode([1.0, arrays, 0])
 
 
-def frames(sequence: int, events: list[Any], topic: bytes = b"") -> list[bytes]:
-    return [topic, sequence.to_bytes(8, "big"), payload(events)]
+def frames(sequence: int, events: list[Any], topic: bytes = b"", ts: float = 1.0) -> list[bytes]:
+    return [topic, sequence.to_bytes(8, "big"), payload(events, ts)]
 
 
 class FakePublisher:

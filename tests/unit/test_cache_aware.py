@@ -1,5 +1,5 @@
 """The cache_aware policy: the prefill holding the prompt's prefix wins, unless its queue costs more than the hit
-saves; blind (no events, no token ids) it routes as the text prefix policy does."""
+saves; blind (no events) it routes as round robin, and without token ids as the text prefix policy does."""
 
 from __future__ import annotations
 
@@ -49,10 +49,9 @@ def test_the_holder_of_the_longest_prefix_wins():
     workers = prefills()
     policy = policy_holding({"p0": 40, "p1": 320, "p2": 0})
     for _ in range(5):
-        assert policy.choose_for(workers, request([*PROMPT, 7, 7])).worker_id == "p1"
+        routed = request([*PROMPT, 7, 7])
+        assert policy.choose_for(workers, routed).worker_id == "p1" and routed.predicted_cached == 320
     assert decisions(policy, "indexed") == 5
-    assert policy.metrics and policy.metrics.registry.get_sample_value(
-        "pdcluster_router_predicted_cached_tokens_total") == 5 * 320
 
 
 def test_load_outweighs_a_small_hit_not_a_large_one():
@@ -65,16 +64,41 @@ def test_load_outweighs_a_small_hit_not_a_large_one():
     assert policy.choose_for(workers, request(PROMPT)).worker_id == "p0"
 
 
-def test_blind_without_events_or_token_ids_it_routes_by_the_prompts_text():
+def test_blind_it_routes_as_round_robin_and_without_token_ids_by_the_prompts_text():
     workers = prefills()
-    policy = policy_holding({})  # no worker publishes
+    policy = policy_holding({})  # no worker publishes: perhaps none caches; the cluster's old default
     text = "You are a helpful assistant. " * 20
+    assert {policy.choose_for(workers, request(text=text + q)).worker_id for q in ("1?", "2?", "3?")} == {
+        "p0", "p1", "p2"}
+    assert decisions(policy, "blind") == 3
+    for worker in workers:  # subscribed, but nothing heard yet (or a port the router cannot reach): still blind
+        policy.index.open(worker.worker_id, PAGE)
+    assert {policy.choose_for(workers, request(PROMPT)).worker_id for _ in range(3)} == {"p0", "p1", "p2"}
+    assert decisions(policy, "blind") == 6
+    policy = policy_holding({"p0": 40})  # indexed workers, but no tokenizer loaded for model "m"
     first = policy.choose_for(workers, request(text=text + "one?"))
     assert all(policy.choose_for(workers, request(text=text + q)) is first for q in ("two?", "three?"))
-    assert decisions(policy, "blind") == 3
-    policy = policy_holding({"p0": 40})
-    policy.choose_for(workers, request(text=text))  # indexed workers, but no tokenizer loaded for model "m"
-    assert decisions(policy, "no_tokens") == 1
+    assert decisions(policy, "no_tokens") == 3
+
+
+def test_the_prediction_is_what_sglang_reuses_and_rides_on_the_request():
+    workers = prefills(2)
+    policy = policy_holding({"p0": 400, "p1": 0})  # all of PROMPT's pages
+    whole = request(PROMPT)
+    assert policy.choose_for(workers, whole).worker_id == "p0"
+    assert whole.predicted_cached == 396  # SGLang computes at least the last token: the last page is recomputed
+    batch = PdRequest("/generate", "r", {}, Checked(2, False, PROMPT, token_ids="input_ids", prompts=(PROMPT, [1])),
+                      0.0, 60.0)
+    assert policy.choose_for(workers, batch).worker_id == "p0"
+    assert batch.predicted_cached is None  # its answer counts both prompts' cached tokens: nothing to compare
+
+
+def test_one_candidate_is_no_choice_nothing_is_tokenized_or_counted():
+    policy, only = policy_holding({"p0": 400}), prefills(1)
+    one = request(PROMPT)
+    one.predicted_cached = 5  # an earlier attempt's
+    assert policy.choose_for(only, one) is only[0] and one.predicted_cached is None
+    assert decisions(policy, "indexed") == decisions(policy, "blind") == 0
 
 
 def test_a_worker_without_events_beside_indexed_ones_is_routed_by_load():

@@ -70,6 +70,18 @@ def test_a_gap_with_a_replay_socket_asks_for_a_replay_and_a_sequence_going_back_
     assert index.match(["p0"], TOKENS) == {"p0": 4} and len(index.workers["p0"].pages) == 1
 
 
+def test_a_live_batchs_lag_is_measured_from_its_publication():
+    sub, _, metrics = subscription()
+    sub.receive(frames(0, [stored([1], TOKENS[:4])], ts=time.time() - 0.3))
+    sub.receive(frames(1, [], ts=time.time() + 60))  # a publisher whose clock runs ahead: no lag, never a negative one
+
+    def lag(sample: str, **labels: str) -> float:
+        return metric(metrics, f"pdcluster_router_kv_event_lag_seconds_{sample}", worker="p0", **labels)
+
+    assert lag("count") == 2 and 0.3 <= lag("sum") < 5
+    assert lag("bucket", le="0.25") == 1 and lag("bucket", le="1.0") == 2
+
+
 def test_live_events_from_a_publisher_reach_the_index_and_a_lost_batch_is_replayed():
     publisher, metrics = FakePublisher(), RouterMetrics(WorkerPool())
 

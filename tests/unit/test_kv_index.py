@@ -24,7 +24,7 @@ def test_both_wire_forms_decode_to_the_same_events(form):
     if form == "positional":
         parts[2] = positional_payload(events)
     batch = decode(parts)
-    assert batch.sequence == 7 and batch.skipped == 0
+    assert batch.sequence == 7 and batch.skipped == 0 and batch.published == 1.0
     assert batch.events == (Stored((1, 2), None, tuple(PROMPT[:8]), PAGE, "GPU"),
                             Stored((3,), 2, tuple(PROMPT[8:12]), PAGE, "CPU_PINNED"),
                             Removed((3,), "CPU_PINNED"), Cleared())
@@ -68,6 +68,8 @@ def test_stored_pages_match_by_content_whole_pages_only():
     other = [*PROMPT[:4], 0, *PROMPT[5:]]
     assert kv.match(["a"], other) == {"a": 4}  # a page's key chains everything before it
     assert kv.match(["nobody"], PROMPT) == {}
+    # What SGLang reuses of a 12-token prompt it holds whole: the pages of its first 11 tokens (it computes one).
+    assert kv.match(["a"], PROMPT[:12], limit=11) == {"a": 8}
 
 
 def test_a_child_stored_later_chains_from_its_parent_and_an_orphan_is_not_indexed():

@@ -166,7 +166,7 @@ def test_the_installed_bootstrap_service_serves_health(installed):
 def test_the_installed_router_validates_a_config(installed):
     config = json.loads(check(installed.run("pdcluster-router", "--config", str(REPO / "configs" / "router.yaml"),
                                             "--port", "18123", "--dry-run")))
-    assert config["port"] == 18123 and config["prefill_policy"] == "round_robin"
+    assert config["port"] == 18123 and config["prefill_policy"] == "cache_aware"
     bad = installed.outside / "router.yaml"
     bad.write_text("prefill_policy: fastest\n")
     refused = installed.run("pdcluster-router", "--config", str(bad), "--dry-run")

@@ -1,0 +1,194 @@
+"""`python -m bench.routing` (`make bench-routing`): the prefill policies side by side on real SGLang. One cluster
+(2 prefills, 1 decode; SmolLM2 by default), one router of ours per policy (round_robin, prefix, cache_aware) over
+the same registered workers, and a multi-tenant workload (bench/routing_report.py: a few tenants, each a long
+system prompt with Zipf popularity, short questions) sent to each router in turn, the order rotating per repeat,
+every worker's cache flushed before each run. Each request streams from /generate (TTFT: its first event; cached
+tokens: its last event's meta_info). Scored against the oracle (the best prefill in hindsight), TTFT percentiles with
+their spread over repeats. Writes bench/results/routing[-<model>][-quick].json and .png. `--dry-run`: the workload
+and its oracle only, nothing started. Hold `flock /tmp/pdcluster-cluster.lock` (the Makefile target does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench import cluster_targets as targets
+from bench import procs, report, routing_report
+from bench.routing_report import POLICIES, Shape
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CONCURRENCY = 4  # requests in flight: more than one prefill keeps busy, so a policy's balance counts too
+MAX_NEW_TOKENS = 8
+QUICK = Shape(tenants=2, prefix_tokens=300, question_tokens=20, requests=12)
+LEFT_OVER_PAGES = 32  # what health probes leave in a flushed cache: an index at most this is taken as empty
+_PAGES = re.compile(r'^pdcluster_router_kv_index_pages\{worker="([^"]+)"\} (\S+)$', re.M)
+
+
+def tokenized(model_path: str, texts: list[str]) -> list[list[int]]:
+    """As SGLang encodes a /generate text: the model's tokenizer, its special tokens added."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(targets.REPO / model_path / "tokenizer.json"))
+    return [encoding.ids for encoding in tokenizer.encode_batch(texts)]
+
+
+async def one(client: httpx.AsyncClient, url: str, text: str) -> dict:
+    body = {"text": text, "stream": True,
+            "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0, "ignore_eos": True}}
+    start, ttft, last = time.perf_counter(), None, ""
+    try:
+        async with client.stream("POST", f"{url}/generate", json=body) as response:
+            if response.status_code != 200:
+                return {"error": f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"}
+            async for line in response.aiter_lines():
+                if line.startswith("data:") and line != "data: [DONE]":
+                    ttft = ttft if ttft is not None else time.perf_counter() - start
+                    last = line
+            headers = response.headers
+    except httpx.HTTPError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    event = json.loads(last[5:]) if last else {}
+    if ttft is None or "error" in event:
+        return {"error": str(event.get("error") or "no event")[:200]}
+    meta = event.get("meta_info") or {}
+    predicted = headers.get("x-pdcluster-cached-tokens-predicted")
+    return {"ttft_s": ttft, "seconds": time.perf_counter() - start, "cached_tokens": meta.get("cached_tokens") or 0,
+            "prompt_tokens": meta.get("prompt_tokens"), "prefill": headers.get("x-pdcluster-prefill"),
+            "predicted": int(predicted) if predicted is not None else None}
+
+
+async def drive(url: str, texts: list[str], concurrency: int) -> list[dict]:
+    """A closed loop: `concurrency` clients, each sending the workload's next request once its last one ended."""
+    answers: list[dict] = [{} for _ in texts]
+    pending = iter(enumerate(texts))
+    async with httpx.AsyncClient(timeout=900) as client:
+        async def client_loop() -> None:
+            for i, text in pending:
+                answers[i] = await one(client, url, text)
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    return answers
+
+
+def index_pages(router: procs.Proc) -> dict[str, float]:
+    return {w: float(v) for w, v in _PAGES.findall(httpx.get(f"{router.url}/metrics", timeout=10).text)}
+
+
+def wait_index_flushed(router: procs.Proc, prefills: int, within: float = 30.0) -> bool:
+    """Until the cache_aware router's index has heard every prefill's flush (SGLang's AllBlocksCleared)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        pages = index_pages(router)
+        if len(pages) == prefills and max(pages.values()) <= LEFT_OVER_PAGES:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def indexed_decisions(router: procs.Proc) -> float:
+    text = httpx.get(f"{router.url}/metrics", timeout=10).text
+    found = re.search(r'^pdcluster_router_routing_decisions_total\{kind="indexed"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def run_all(args, log_dir: Path, log) -> tuple[list[dict], dict]:
+    model = targets.MODELS[args.model]
+    cluster = targets.start_cluster(model, 2, sleep_on_idle=True, log_dir=log_dir / "cluster")
+    routers: dict[str, procs.Proc] = {}
+    runs: list[dict] = []
+    notes: dict = {"index_not_flushed": [], "prompt_tokens_not_as_the_oracle_counted": 0}
+    try:
+        cluster.wait_ready()
+        settings = {"bootstrap_url": cluster.spec.bootstrap_url, "expose_worker_ids": True}
+        routers = {p: procs.start_ours(f"router-{p}", log_dir, [], [], p, settings=settings) for p in POLICIES}
+        for router in routers.values():
+            targets.wait_generates(router, 300)
+        flush = [w.url for w in targets.workers(cluster, "prefill") + targets.workers(cluster, "decode")]
+        page = httpx.get(f"{flush[0]}/server_info", timeout=30).json().get("page_size") or 1
+        warm_up = routing_report.workload(QUICK, seed=10_000)
+        for router in routers.values():  # first forwards are slower; cache_aware's index and tokenizer get ready
+            asyncio.run(drive(router.url, [r.text for r in warm_up], 2))
+        notes["cache_aware_indexed_at_warm_up"] = indexed_decisions(routers["cache_aware"]) > 0
+        log(f"warmed up; page size {page}; cache_aware indexed: {notes['cache_aware_indexed_at_warm_up']}")
+        for repeat in range(args.repeats):
+            requests = routing_report.workload(args.shape, seed=repeat + 1)
+            texts = [r.text for r in requests]
+            ids = tokenized(model.path, texts)
+            oracle = sum(routing_report.oracle(ids, page))
+            turn = repeat % len(POLICIES)
+            for policy in (POLICIES * 2)[turn:turn + len(POLICIES)]:
+                targets.flush_caches(flush)
+                if not wait_index_flushed(routers["cache_aware"], 2):
+                    notes["index_not_flushed"].append(f"{policy}-{repeat}")
+                began = time.monotonic()
+                answers = asyncio.run(drive(routers[policy].url, texts, args.concurrency))
+                row = routing_report.run_row(policy, repeat, answers, oracle, time.monotonic() - began)
+                notes["prompt_tokens_not_as_the_oracle_counted"] += sum(  # the oracle's tokenizer is SGLang's
+                    a.get("prompt_tokens") not in (None, len(i)) for a, i in zip(answers, ids, strict=True))
+                runs.append(row)
+                log(f"{policy} #{repeat}: cached/oracle {row['cached_over_oracle']}, TTFT p50 {row['ttft_p50_s']} s, "
+                    f"by prefill {row['by_prefill']}, errors {row['errors']}")
+    finally:
+        for router in routers.values():
+            router.stop()
+        cluster.stop()
+    return runs, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(targets.MODELS), default="smollm2")
+    parser.add_argument("--quick", action="store_true", help="a small workload, 1 repeat: a check of the harness")
+    parser.add_argument("--repeats", type=int, help="runs of each policy (default 3, --quick 1)")
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
+    parser.add_argument("--dry-run", action="store_true", help="the workload and its oracle only; nothing started")
+    args = parser.parse_args(argv)
+    args.shape = QUICK if args.quick else Shape()
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    model = targets.MODELS[args.model]
+    if args.dry_run:
+        requests = routing_report.workload(args.shape, seed=1)
+        ids = tokenized(model.path, [r.text for r in requests])
+        oracle = routing_report.oracle(ids, 1)
+        per_tenant = [sum(r.tenant == k for r in requests) for k in range(args.shape.tenants)]
+        print(json.dumps({"shape": vars(args.shape), "repeats": args.repeats, "policies": POLICIES,
+                          "requests_per_tenant": per_tenant, "prompt_tokens": sum(map(len, ids)),
+                          "oracle_cached_tokens (page 1)": sum(oracle)}, indent=1))
+        return 0
+    if not (targets.REPO / model.path / "tokenizer.json").is_file():
+        parser.error(f"{model.path} is missing: `make setup` builds it")
+    began, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
+
+    def log(line: str) -> None:
+        print(f"[routing {time.monotonic() - t0:5.0f}s] {line}", flush=True)
+
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-routing-"))
+    log(f"process logs in {log_dir}")
+    machine = report.machine()
+    runs, notes = run_all(args, log_dir, log)
+    summary = routing_report.summarize(runs)
+    result = {"benchmark": "prefill policies on a multi-tenant shared-prefix workload, 2 prefills + 1 decode",
+              "settings": {"model": model.path, "shape": vars(args.shape), "repeats": args.repeats,
+                           "concurrency": args.concurrency, "max_new_tokens": MAX_NEW_TOKENS},
+              "machine": machine, "started_utc": began, "wall_seconds": round(time.monotonic() - t0), "notes": notes,
+              "runs": runs, "summary": summary, "verdicts": routing_report.verdicts(summary)}
+    name = "routing" + ("" if args.model == "smollm2" else f"-{args.model}") + ("-quick" if args.quick else "")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    routing_report.plot(result, RESULTS / f"{name}.png")
+    for line in routing_report.lines(result):
+        log(line)
+    log(f"wrote bench/results/{name}.json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

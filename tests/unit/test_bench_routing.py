@@ -1,0 +1,75 @@
+"""bench.routing's pure parts: its workload is the issue's (tenants' long shared prompts, Zipf popularity, short
+questions, made anew per seed), its oracle counts what SGLang could at best reuse, and its report scores the policies
+against it with their spread over repeats."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from bench import routing, routing_report
+from bench.routing_report import Shape
+
+
+def test_the_workload_is_tenants_sharing_long_prefixes_with_zipf_popularity():
+    shape = Shape(tenants=4, prefix_tokens=200, question_tokens=10, requests=400)
+    requests = routing_report.workload(shape, seed=1)
+    assert routing_report.workload(shape, seed=1) == requests != routing_report.workload(shape, seed=2)
+    popularity = Counter(r.tenant for r in requests)
+    assert popularity[0] > popularity[1] > popularity[3] > 0  # 1/1, 1/2, ..., 1/4 of the weight
+    for tenant in range(4):
+        texts = [r.text for r in requests if r.tenant == tenant]
+        shared = texts[0][:texts[0].index("Question")]
+        assert len(shared.split()) > 200 and all(t.startswith(shared) for t in texts)
+        assert len({t[len(shared):] for t in texts}) == len(texts)  # every question its own
+    assert len({r.text.split("Question")[0] for r in requests}) == 4
+
+
+def test_the_oracle_is_the_longest_prefix_shared_with_any_earlier_prompt_as_sglang_reuses_it():
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 9, 9], [7, 7, 7], [1, 2, 3, 4, 5, 6, 7, 8], [7, 7, 7, 1]]
+    assert routing_report.oracle(prompts, page=1) == [0, 6, 0, 7, 3]  # a repeat recomputes its last token
+    assert routing_report.oracle(prompts, page=4) == [0, 4, 0, 4, 0]  # whole pages only
+
+
+def row(policy: str, repeat: int, cached: list[int], ttfts: list[float]) -> dict:
+    answers = [{"ttft_s": t, "cached_tokens": c, "prefill": "p0", "predicted": c if policy == "cache_aware" else None}
+               for c, t in zip(cached, ttfts, strict=True)]
+    return routing_report.run_row(policy, repeat, answers, oracle_cached=100, seconds=1.0)
+
+
+def test_the_report_scores_each_policy_against_the_oracle_and_round_robin_in_the_same_repeat():
+    runs = [row("round_robin", 0, [30, 40], [2.0, 4.0]), row("prefix", 0, [45, 45], [1.5, 2.5]),
+            row("cache_aware", 0, [50, 48], [1.0, 1.2]),
+            row("round_robin", 1, [40, 40], [3.0, 5.0]), row("prefix", 1, [40, 50], [2.0, 2.0]),
+            row("cache_aware", 1, [50, 46], [1.4, 1.6])]
+    runs[4]["errors"] = 1
+    summary = routing_report.summarize(runs)
+    cached = summary["policies"]["cache_aware"]["cached_over_oracle"]
+    assert (cached["median"], cached["min"], cached["max"]) == (0.97, 0.96, 0.98)
+    assert summary["policies"]["round_robin"]["ttft_p50_s"]["runs"] == [3.0, 4.0]
+    paired = summary["ttft_p50_over_round_robin"]["cache_aware"]
+    assert paired["runs"] == pytest.approx([1.1 / 3.0, 1.5 / 4.0]) and paired["every_repeat_below_1"]
+    verdicts = routing_report.verdicts(summary)
+    assert verdicts["cached_over_oracle"]["met"] and verdicts["ttft_p50_over_round_robin"]["met"]
+    assert not verdicts["no_errors"]["met"]
+    result = {"summary": summary, "verdicts": verdicts}
+    assert any(line.startswith("cache_aware: cached/oracle 0.97 (0.96-0.98)") for line in routing_report.lines(result))
+    assert runs[2]["predicted_cached_tokens"] == 98 and runs[2]["by_prefill"] == {"p0": 2}
+
+
+def test_the_picture_is_drawn(tmp_path):
+    runs = [row(policy, 0, [50, 50], [1.0, 2.0]) for policy in routing_report.POLICIES]
+    summary = routing_report.summarize(runs)
+    result = {"runs": runs, "summary": summary, "settings": {"shape": vars(Shape())},
+              "machine": {"cpu_count": 2, "date_utc": "2026-01-01T00:00:00Z", "git_commit": "abc"}}
+    routing_report.plot(result, tmp_path / "routing.png")
+    assert (tmp_path / "routing.png").stat().st_size > 1000
+
+
+def test_the_dry_run_starts_nothing_and_shows_the_workload_and_its_oracle(demo_model, capsys):
+    assert routing.main(["--dry-run", "--quick", "--model", "tiny-llama"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["shape"]["tenants"] == 2 and sum(shown["requests_per_tenant"]) == 12
+    assert 0 < shown["oracle_cached_tokens (page 1)"] < shown["prompt_tokens"]

@@ -1,0 +1,109 @@
+"""The cache_aware policy in a running router over fake workers: a router that cannot read the model's folder (compose,
+Kubernetes) gets a prompt's ids from a worker's own /tokenize, routes by them, and says per answer what it predicted
+the prefill held, against what the answer reports cached."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import ExitStack
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdcluster.protocol import KVEventsEndpoint, ModelIdentity, Role
+from router.app import create_app
+from router.config import RouterConfig
+from router.prompt_ids import BOUNDARY_TOKENS, MAX_CHARS, PromptTokens
+from router.request import Checked, PdRequest
+from router.upstream import UpstreamClient
+from router.workers import Worker, WorkerPool
+from tests.fakes import Behaviour, FakeWorker, ServerThread, fake_ids
+from tests.helpers import until
+from tests.unit.kv_event_fakes import PAGE, FakePublisher, stored
+
+HUB_MODEL = "some-org/not-a-folder-here"  # what compose's GPU workers register: a hub id the router cannot read
+IDENTITY = ModelIdentity(model_path=HUB_MODEL, served_model_name="m", page_size=PAGE, kv_cache_dtype="auto",
+                         transfer_backend="mooncake")
+PROMPT = "You are the tenant's assistant; " * 4  # 128 characters: 64 of the fake's tokens, 16 pages
+
+
+def samples(url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"{url}/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_a_router_without_the_model_routes_by_a_workers_tokenizer_and_reports_its_prediction():
+    prefills = [FakeWorker(), FakeWorker()]
+    decode = FakeWorker(Behaviour(answer_fields={"meta_info": {"cached_tokens": 40}}))
+    publishers = [FakePublisher(), FakePublisher()]
+    ids = fake_ids(PROMPT)
+    # p1 holds the prompt's first 12 pages; buffered, so the router's first replay brings them.
+    publishers[1].publish(0, [stored(list(range(1, 13)), ids[:12 * PAGE])], live=False)
+    with ExitStack() as stack:
+        stack.callback(lambda: [p.close() for p in publishers])
+        servers = [stack.enter_context(ServerThread(w.app())) for w in (*prefills, decode)]
+        pool = WorkerPool(admission_check=False)
+        for i, (server, publisher) in enumerate(zip(servers, publishers, strict=False)):
+            events = KVEventsEndpoint(host="127.0.0.1", port=publisher.port, replay_port=publisher.replay_port)
+            pool.workers[f"p{i}"] = Worker(f"p{i}", Role.PREFILL, server.url, "127.0.0.1", 9000 + i,
+                                           identity=IDENTITY, instance_id="i", kv_events=events)
+        pool.workers["d0"] = Worker("d0", Role.DECODE, servers[2].url, identity=IDENTITY)
+        config = RouterConfig(bootstrap_url=None, prefill_policy="cache_aware", expose_worker_ids=True,
+                              health_interval=60, liveness_interval=60, admission_check=False)
+        router = stack.enter_context(ServerThread(create_app(config, pool)))
+
+        def predicted() -> httpx.Response | None:  # until the index and the tokenizer's fallback are ready
+            answer = httpx.post(f"{router.url}/generate", json={"text": PROMPT + "Which plan am I on?"})
+            assert answer.status_code == 200, answer.text
+            return answer if "x-pdcluster-cached-tokens-predicted" in answer.headers else None
+
+        assert until(predicted, 15, 0.1)
+        answer = predicted()
+        assert answer is not None
+        # SGLang reuses whole pages of all but a prompt's last token: the 12 pages held are all usable here.
+        assert answer.headers["x-pdcluster-prefill"] == "p1"
+        assert answer.headers["x-pdcluster-cached-tokens-predicted"] == str(12 * PAGE)
+        asked = [body for p in prefills for body in p.tokenized]
+        assert asked and asked[-1] == {"prompt": PROMPT + "Which plan am I on?"}
+        metrics = samples(router.url)
+    # Both indexed answers: 48 predicted and 40 reported each, so the index over-claimed 8 tokens per answer.
+    assert metrics[("pdcluster_router_kv_prediction_tokens_total", (("kind", "predicted"),))] == 2 * 48
+    assert metrics[("pdcluster_router_kv_prediction_tokens_total", (("kind", "actual"),))] == 2 * 40
+    assert metrics[("pdcluster_router_kv_prediction_miss_tokens_count", ())] == 2
+    assert metrics[("pdcluster_router_kv_prediction_miss_tokens_bucket", (("le", "0.0"),))] == 0
+    assert metrics[("pdcluster_router_kv_prediction_miss_tokens_bucket", (("le", "16.0"),))] == 2
+
+
+def ask(worker: FakeWorker, *requests: PdRequest) -> list[list[int] | None]:
+    """What one PromptTokens gets for each request from the worker's /tokenize."""
+    async def run(url: str) -> list[list[int] | None]:
+        client, tokens = UpstreamClient(5.0, 5.0), PromptTokens()
+        try:
+            return [await tokens.ask(client, url, request) for request in requests]
+        finally:
+            await client.close()
+
+    with ServerThread(worker.app()) as server:
+        return asyncio.run(run(server.url))
+
+
+def test_a_workers_tokenize_is_asked_what_the_engine_renders_and_a_long_text_is_cut():
+    worker = FakeWorker()
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = {"messages": [{"role": "user", "content": "hello there"}], "tools": tools, "max_tokens": 5}
+    chat = PdRequest("/v1/chat/completions", "r", body, Checked(None, False, "hello there"), 0.0, 60.0)
+    text = "ab" * MAX_CHARS
+    long = PdRequest("/generate", "r", {"text": text}, Checked(None, False, text), 0.0, 60.0)
+    assert ask(worker, chat, long) == [[0, 1, 2, 3, *fake_ids("hello there")],
+                                       fake_ids(text[:MAX_CHARS])[:-BOUNDARY_TOKENS]]  # a longer text may merge the cut
+    assert worker.tokenized == [{"messages": body["messages"], "tools": tools},  # as SGLang's chat renders it
+                                {"prompt": text[:MAX_CHARS]}]
+
+
+def test_a_failing_tokenize_leaves_the_request_to_its_text_and_is_logged_once(caplog):
+    request = PdRequest("/generate", "r", {"text": "hi"}, Checked(None, False, "hi"), 0.0, 60.0)
+    with caplog.at_level(logging.WARNING, logger="pdcluster.router"):
+        assert ask(FakeWorker(tokenize_status=500), request, request) == [None, None]
+    assert len([r for r in caplog.records if "/tokenize failed" in r.getMessage()]) == 1
