@@ -261,7 +261,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "pd": lambda: pd("pd.json"),
     "pd-verdicts": pd_verdicts,
     "pd-fcfs": lambda: pd("pd-fcfs.json", cells=False),
-    "pd-colocated-spf": lambda: pd("pd-colocated-spf.json", cells=False),
     "pd-tiny-llama": lambda: pd("pd-tiny-llama.json", cells=False),
     "cluster-smollm2": lambda: cluster_runs("cluster-smollm2.json"),
     "cluster-ratios": lambda: cluster_ratios("cluster.json"),

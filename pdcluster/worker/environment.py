@@ -74,6 +74,8 @@ def _cpu_env(cluster: ClusterSettings, role_cpu_env: dict[str, str], env: dict[s
     added[CPU_ATTENTION_ENV] = "1" if cluster.cpu_attention else "0"
     # pdcluster/cpu_transfer_race (an SGLang plugin): the prefill's transfer loop survives SGLang's clean-up race
     added["PDCLUSTER_CPU_TRANSFER_RACE"] = "1"
+    # pdcluster/cpu_fork (an SGLang plugin): SGLang's processes forked, not spawned (no second import of SGLang)
+    added["PDCLUSTER_CPU_FORK"] = "1"
     return added
 
 
