@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from router import tracing
+from pdcluster import otel
 from router.config import RouterConfig
 from router.liveness import Liveness, LivenessWatch
 from router.upstream import UpstreamClient
@@ -31,7 +31,7 @@ async def probe(worker: Worker, client: httpx.AsyncClient, config: RouterConfig,
         liveness.health_sent(time.monotonic())
     try:
         response = await client.get(f"{worker.url}/health", timeout=config.health_timeout,
-                                    headers=tracing.unsampled() if traced else None)
+                                    headers=otel.unsampled() if traced else None)
         ok = response.status_code == 200
         if liveness is not None:
             # Any answer ends the wait, a refusal too: SGLang refuses /health at once while it drains (503), and

@@ -8,7 +8,7 @@ On, each PD request is a trace of its own or joins the client's (a W3C `tracepar
       prefill    CLIENT   the prefill's half, until its answer is read; its status
       decode     CLIENT   the decode's half, until the attempt ends (a stream's last chunk); its status
 Each leg's request carries its own `traceparent` header, so SGLang's spans (`--enable-trace`) nest under the leg (what
-SGLang 0.5.23 does with it: docs/operations.md#tracing). The /health probes carry an unsampled one (`unsampled`).
+SGLang 0.5.23 does with it: docs/operations.md#tracing). The /health probes carry an unsampled one (otel.unsampled).
 Spans are made by hand: the PD routes bypass FastAPI (router/edge.py), the data plane has its own client.
 Exports run in the SDK's batch thread: a slow or absent collector costs dropped spans, never a request's time.
 The request's span is OpenTelemetry's current one while it is answered (a stream's until its end), so that the
@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import threading
 from collections.abc import Callable
 from contextvars import Token
@@ -75,12 +74,6 @@ def span_processor() -> SpanProcessor:
         return BatchSpanProcessor(GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://")))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
     return BatchSpanProcessor(HttpExporter(endpoint=endpoint))
-
-
-def unsampled() -> dict[str, str]:
-    """A `traceparent` of a trace nobody samples, for the /health probes: SGLang answers each with a generation that it
-    would trace as a trace of its own (whose root never ends); under this parent its sampler records none of it."""
-    return {"traceparent": f"00-{random.getrandbits(128) | 1:032x}-{random.getrandbits(64) | 1:016x}-00"}
 
 
 def sglang_room(room: int | list[int]) -> str | list[str]:
