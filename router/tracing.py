@@ -7,8 +7,8 @@ On, each PD request is a trace of its own or joins the client's (a W3C `tracepar
                           writes it finds the prefill's KV transfer, a trace of its own), its outcome, retry reason
       prefill    CLIENT   the prefill's half, until its answer is read; its status
       decode     CLIENT   the decode's half, until the attempt ends (a stream's last chunk); its status
-Each leg's request carries its own `traceparent` header, so SGLang's spans (`--enable-trace`) nest under the leg (what
-SGLang 0.5.23 does with it: docs/operations.md#tracing). The /health probes carry an unsampled one (otel.unsampled).
+Each leg's request carries its own `traceparent` header, so SGLang's spans (`--enable-trace`) nest under the leg (how
+SGLang 0.5.23 reads it: tests/unit/test_router_tracing_sglang.py); /health probes carry an unsampled one (otel.py).
 Spans are made by hand: the PD routes bypass FastAPI (router/edge.py), the data plane has its own client.
 Exports run in the SDK's batch thread: a slow or absent collector costs dropped spans, never a request's time.
 The request's span is OpenTelemetry's current one while it is answered (a stream's until its end), so that the
