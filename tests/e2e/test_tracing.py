@@ -2,9 +2,10 @@
 server span, its attempts, each attempt's prefill and decode legs, and under each leg the SGLang spans of the worker
 it reached, for a plain, a streamed (native and OpenAI), a failed and a retried request.
 
-What SGLang 0.5.23 makes of a leg's `traceparent` (docs/operations.md#tracing): a `<role> Req <rid>` span, child of
-the leg, the thread spans of its HTTP process and of its scheduler under it, the request's stages under those. Its KV
-transfer (module `mooncake`, on the prefill) is a trace of its own, found by the bootstrap room alone.
+What SGLang 0.5.23 makes of a leg's `traceparent` (read in its source: tests/unit/test_router_tracing_sglang.py): a
+`<role> Req` span, child of the leg, the thread spans of its HTTP process and of its scheduler under it, the request's
+stages under those. Its KV transfer (module `mooncake`, on the prefill) is a trace of its own, found by the bootstrap
+room alone.
 
 The retry: a second router, on the same workers, reaches the decodes through proxies that fail one answer on demand
 (tests/e2e/fault_proxy.py): SGLang's workers fail no request of the router's kind on their own.
