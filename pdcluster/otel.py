@@ -12,6 +12,7 @@ package: deciding costs nothing when tracing is off.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Mapping
 
 SWITCH = "PDCLUSTER_TRACING"
@@ -58,3 +59,10 @@ def check(env: Mapping[str, str]) -> str | None:
     if protocol(env) not in PROTOCOLS:
         return f"OTLP protocol {protocol(env)!r}: one of {', '.join(PROTOCOLS)} (OTEL_EXPORTER_OTLP_PROTOCOL)"
     return None
+
+
+def unsampled() -> dict[str, str]:
+    """A `traceparent` of a fresh trace nobody samples, for the /health probes of a traced SGLang: each probe is a
+    generation, which SGLang would trace as a trace of its own (whose root span never ends); under this parent, its
+    sampler (parent-based: the SDK's default) records none of it."""
+    return {"traceparent": f"00-{random.getrandbits(128) | 1:032x}-{random.getrandbits(64) | 1:016x}-00"}

@@ -75,7 +75,7 @@ def _lifespan(config: RouterConfig, pool: WorkerPool, metrics: RouterMetrics, pd
         upstream = UpstreamClient(config.connect_timeout, config.read_timeout)
         pd.dispatcher = Dispatcher(upstream, metrics, background, config)
         state["client"] = client
-        tasks = [asyncio.create_task(probe_forever(config, pool, client, upstream)),
+        tasks = [asyncio.create_task(probe_forever(config, pool, client, upstream, pd.tracing is not None)),
                  asyncio.create_task(admissions.run()),
                  *kv_events.start(pd.pairing.prefill_policy, pool, metrics, upstream)]
         tasks += await _first_listing(config, pool, client, admissions)

@@ -14,6 +14,7 @@ import time
 
 import httpx
 
+from pdcluster import otel
 from router.config import RouterConfig
 from router.liveness import Liveness, LivenessWatch
 from router.upstream import UpstreamClient
@@ -23,11 +24,14 @@ log = logging.getLogger("pdcluster.router")
 
 
 async def probe(worker: Worker, client: httpx.AsyncClient, config: RouterConfig,
-                liveness: Liveness | None = None) -> None:
+                liveness: Liveness | None = None, traced: bool = False) -> None:
+    """`traced` (the router traces requests): the probe carries an unsampled `traceparent`, so that SGLang does not
+    trace the generation it runs for it."""
     if liveness is not None:
         liveness.health_sent(time.monotonic())
     try:
-        response = await client.get(f"{worker.url}/health", timeout=config.health_timeout)
+        response = await client.get(f"{worker.url}/health", timeout=config.health_timeout,
+                                    headers=otel.unsampled() if traced else None)
         ok = response.status_code == 200
         if liveness is not None:
             # Any answer ends the wait, a refusal too: SGLang refuses /health at once while it drains (503), and
@@ -56,7 +60,7 @@ def idle(worker: Worker) -> bool:
 
 
 async def probe_forever(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient,
-                        upstream: UpstreamClient | None = None) -> None:
+                        upstream: UpstreamClient | None = None, traced: bool = False) -> None:
     """Probe each worker's /health: every health_interval while it has requests of ours in flight or is out of
     rotation (a stuck scheduler is judged by a waiting /health; an ejected worker is readmitted by a good one), every
     idle_health_interval when it is idle and in (each probe is a generation in SGLang: an idle cluster would spend
@@ -75,7 +79,7 @@ async def probe_forever(config: RouterConfig, pool: WorkerPool, client: httpx.As
                 if (task is None or task.done()) and due:
                     sent[worker.worker_id] = now
                     running[worker.worker_id] = asyncio.create_task(
-                        probe(worker, client, config, watch.state(worker)))
+                        probe(worker, client, config, watch.state(worker), traced))
             for gone in [wid for wid in running if wid not in pool.workers]:
                 running.pop(gone).cancel()
                 sent.pop(gone, None)

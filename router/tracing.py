@@ -3,12 +3,13 @@ they go: pdcluster/otel.py). Off, nothing here runs: PdService holds None and no
 
 On, each PD request is a trace of its own or joins the client's (a W3C `traceparent` header):
   POST <route>   SERVER   the whole answer, a stream's too; its request id and status
-    attempt      INTERNAL one per pair tried: the pair's worker ids, the bootstrap room (SGLang's spans carry it too:
-                          it joins a prefill's trace to its decode's), the outcome, the reason of the retry it is
+    attempt      INTERNAL one per pair tried: the pair's worker ids, the bootstrap room (`bootstrap_room` as SGLang
+                          writes it finds the prefill's KV transfer, a trace of its own), its outcome, retry reason
       prefill    CLIENT   the prefill's half, until its answer is read; its status
       decode     CLIENT   the decode's half, until the attempt ends (a stream's last chunk); its status
-Each leg's request carries its own `traceparent`, so SGLang's spans (`--enable-trace`) nest under the leg. Spans are
-made by hand: the PD routes bypass FastAPI (router/edge.py) and the data plane has its own client (router/upstream.py).
+Each leg's request carries its own `traceparent` header, so SGLang's spans (`--enable-trace`) nest under the leg (how
+SGLang 0.5.23 reads it: tests/unit/test_router_tracing_sglang.py); /health probes carry an unsampled one (otel.py).
+Spans are made by hand: the PD routes bypass FastAPI (router/edge.py), the data plane has its own client.
 Exports run in the SDK's batch thread: a slow or absent collector costs dropped spans, never a request's time.
 The request's span is OpenTelemetry's current one while it is answered (a stream's until its end), so that the
 router's log records about it carry its `trace_id` and `span_id` (TraceIds). A request the sampler leaves out
@@ -73,6 +74,11 @@ def span_processor() -> SpanProcessor:
         return BatchSpanProcessor(GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://")))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
     return BatchSpanProcessor(HttpExporter(endpoint=endpoint))
+
+
+def sglang_room(room: int | list[int]) -> str | list[str]:
+    """A bootstrap room (a batch's: one per item) as SGLang's spans write it."""
+    return [hex(r) for r in room] if isinstance(room, list) else hex(room)
 
 
 class TraceIds(logging.Filter):
@@ -193,7 +199,8 @@ class RequestTrace:
         request = attempt.request
         span = self.tracer.start_span("attempt", self.context, attributes={
             "pdcluster.attempt": request.attempt, "pdcluster.prefill": attempt.prefill.worker_id,
-            "pdcluster.decode": attempt.decode.worker_id, "pdcluster.bootstrap_room": request.body["bootstrap_room"]})
+            "pdcluster.decode": attempt.decode.worker_id, "pdcluster.bootstrap_room": request.body["bootstrap_room"],
+            "bootstrap_room": sglang_room(request.body["bootstrap_room"])})
         if (reason := self.failed.pop(id(request), None)) is not None:
             span.set_attribute("pdcluster.retry_reason", reason)
         client = TracedClient(attempt.d.client, self.tracer, span, attempt)

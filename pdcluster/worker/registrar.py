@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from pdcluster import otel
 from pdcluster.kvstore.secret_proof import MEMBERSHIP_ENV
 from pdcluster.protocol import KVStoreMembership, Role
 from pdcluster.worker.plan import LaunchPlan
@@ -62,6 +63,7 @@ class Registrar:
         self._writing = threading.Lock()  # one registry write at a time: a heartbeat's, or leave_pools()'s
         self._serving = threading.Event()
         self.health: tuple[bool, str] = (False, "starting")
+        self.traced = "--enable-trace" in plan.command  # then each probe says "not sampled" (otel.unsampled)
         self.registered = False
         self._threads = [threading.Thread(target=self._probe_loop, name="health-probe", daemon=True),
                          threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)]
@@ -122,7 +124,7 @@ class Registrar:
     def _probe(self, client: httpx.Client) -> tuple[bool, str]:
         started, cpu = time.monotonic(), self._cpu_seconds()
         try:
-            response = client.get(self.plan.health_url)
+            response = client.get(self.plan.health_url, headers=otel.unsampled() if self.traced else None)
         except httpx.TimeoutException:
             used = (self._cpu_seconds() - cpu) / max(time.monotonic() - started, 1e-3)
             if used >= BUSY_CORES:  # its scheduler is in a long forward pass: busy, not broken

@@ -2,21 +2,25 @@
 demo model (configs/prefill.yaml and decode.yaml with pdcluster.models.DEMO_ARGS: milliseconds per request).
 
 It starts through pdcluster.local, the same launcher as `make up`, on ports of its own. If it cannot start, every
-end-to-end test errors (never skips): CI must not go green on a cluster that does not run.
+end-to-end test errors (never skips): CI must not go green on a cluster that does not run. Every component traces,
+to an OTLP receiver in this process (otlp_receiver; tests/e2e/test_tracing.py reads it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
+from bench.otlp_receiver import Receiver
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
 from pdcluster.models import DEMO_ARGS
 from tests.e2e.reference import ReferenceModel
@@ -47,7 +51,22 @@ def demo_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def cluster(demo_model, tmp_path_factory) -> LocalCluster:
+def otlp_receiver() -> Iterator[Receiver]:
+    """The collector the whole cluster traces to (tests/e2e/test_tracing.py reads it), up before the cluster: every
+    component it starts (and any a test starts) inherits PDCLUSTER_TRACING=1 and the OTLP/HTTP endpoint. It keeps no
+    span unless a test asks (`keep`); the OTEL_* variables of the shell running the tests are left out."""
+    with Receiver(keep=False) as receiver, pytest.MonkeyPatch.context() as env:
+        for name in [name for name in os.environ if name.startswith("OTEL_")]:
+            env.delenv(name)
+        env.setenv("PDCLUSTER_TRACING", "1")
+        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "1000")  # the routers' batches: each second (SGLang's: 500 ms)
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def cluster(demo_model, otlp_receiver, tmp_path_factory) -> LocalCluster:
     log_dir = tmp_path_factory.mktemp("cluster-logs")
     local = LocalCluster(e2e_spec(), log_dir)
     start_cluster(local)

@@ -68,7 +68,7 @@ def test_the_launch_step_announces_the_namespace_sglang_uses_and_the_proof_of_it
 
 def test_the_registrar_registers_what_the_launch_step_announced(tmp_path, caplog):
     plan = SimpleNamespace(registration=WorkerRegistration.model_validate(kv_worker("p1", None) | {"kv_store": None}),
-                           cluster=SimpleNamespace(resolved_token=lambda: None, bootstrap_url=None))
+                           command=[], cluster=SimpleNamespace(resolved_token=lambda: None, bootstrap_url=None))
     made = Registrar(plan)  # type: ignore[arg-type]
     assert made.child_env() == {MEMBERSHIP_ENV: str(made.kv_store_file)}
     made._read_kv_store()

@@ -31,8 +31,8 @@ def slow_health_server() -> FastAPI:
     return app
 
 
-def registrar(url: str) -> Registrar:
-    plan = SimpleNamespace(registration=SimpleNamespace(worker_id="w"), health_url=f"{url}/health",
+def registrar(url: str, command: tuple[str, ...] = ()) -> Registrar:
+    plan = SimpleNamespace(registration=SimpleNamespace(worker_id="w"), health_url=f"{url}/health", command=command,
                            cluster=SimpleNamespace(resolved_token=lambda: None, bootstrap_url=None))
     return Registrar(plan, probe_timeout=1.0)  # type: ignore[arg-type]
 
@@ -48,6 +48,23 @@ def test_a_health_probe_that_times_out_is_busy_while_sglang_computes_and_a_failu
         stuck._cpu_seconds = lambda: 5.0  # no CPU at all meanwhile: stuck, or stopped
         healthy, detail = stuck._probe(client)
         assert not healthy and "timed out" in detail, detail
+
+
+def test_a_traced_sglangs_health_probe_is_a_trace_it_leaves_out():
+    """SGLang traces each /health generation as a trace of its own: with --enable-trace, the probe's unsampled
+    `traceparent` keeps it out (what SGLang then records: tests/unit/test_router_tracing_sglang.py)."""
+    sent: list[httpx.Headers] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers)
+        return httpx.Response(200)
+
+    with httpx.Client(transport=httpx.MockTransport(answer)) as client:
+        for command in (("sglang", "--enable-trace"), ("sglang",)):
+            assert registrar("http://sglang:1", command)._probe(client) == (True, "")
+    traced, plain = sent
+    assert traced["traceparent"].startswith("00-") and traced["traceparent"].endswith("-00")  # flags: not sampled
+    assert "traceparent" not in plain
 
 
 def test_sglangs_cpu_time_is_read_from_its_whole_process_tree():
