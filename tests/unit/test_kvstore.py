@@ -122,6 +122,33 @@ def test_namespace_record_and_reuse(tmp_path):
     assert record["model_path"] == "models/y" and removed == 0
 
 
+def test_the_store_id_names_the_directory_once_for_every_replica_that_mounts_it(tmp_path, monkeypatch):
+    """Replicas sharing one volume read one id; the same namespace on another disk has its own; `clear` ends it."""
+    path, fd, _ = namespace.open_namespace(tmp_path / "disk1", "0123456789abcdef", {}, "m", 600)
+    first = namespace.store_id(path)
+    assert first is not None and len(first) == 32 and namespace.store_id(path) == first
+    assert sorted(p.name for p in path.iterdir()) == [".lock", "namespace.json", "store-id"], "no temp file left"
+    other, fd2, _ = namespace.open_namespace(tmp_path / "disk2", "0123456789abcdef", {}, "m", 600)
+    assert namespace.store_id(other) not in (None, first)
+    os.close(fd)
+    os.close(fd2)
+    assert namespace.remove(path) and not path.exists()  # `clear`
+    path.mkdir()
+    assert namespace.store_id(path) not in (None, first), "a cleared namespace's pages are gone: another store"
+    real_link = os.link
+
+    def raced(source, target):  # another replica linked its id between our look and our link
+        (path / "store-id.theirs").write_text("e" * 32 + "\n")
+        real_link(path / "store-id.theirs", target)
+        real_link(source, target)
+
+    (path / "store-id").unlink()
+    monkeypatch.setattr(namespace.os, "link", raced)
+    assert namespace.store_id(path) == "e" * 32
+    (path / "store-id").write_text("not an id")
+    assert namespace.store_id(path) is None, "unreadable: no shared credit rather than a wrong one"
+
+
 def orphan(path: Path, age: float, now: float) -> Path:
     tmp = path / f".{os.urandom(16).hex()}.tmp"
     tmp.write_bytes(b"half a page")
