@@ -123,15 +123,14 @@ def test_namespace_record_and_reuse(tmp_path):
 
 
 def test_the_store_id_names_the_directory_once_for_every_replica_that_mounts_it(tmp_path, monkeypatch):
-    """Replicas sharing one volume read one id; the same namespace on another disk has its own; `clear` ends it."""
     path, fd, _ = namespace.open_namespace(tmp_path / "disk1", "0123456789abcdef", {}, "m", 600)
-    first = namespace.store_id(path)
-    assert first is not None and len(first) == 32 and namespace.store_id(path) == first
-    assert sorted(p.name for p in path.iterdir()) == [".lock", "namespace.json", "store-id"], "no temp file left"
-    other, fd2, _ = namespace.open_namespace(tmp_path / "disk2", "0123456789abcdef", {}, "m", 600)
-    assert namespace.store_id(other) not in (None, first)
     os.close(fd)
-    os.close(fd2)
+    first = namespace.store_id(path)
+    assert first is not None and len(first) == 32 and namespace.store_id(path) == first, "one id per directory"
+    assert sorted(p.name for p in path.iterdir()) == [".lock", "namespace.json", "store-id"], "no temp file left"
+    other, fd, _ = namespace.open_namespace(tmp_path / "disk2", "0123456789abcdef", {}, "m", 600)
+    os.close(fd)
+    assert namespace.store_id(other) not in (None, first), "the same namespace on another disk: another store"
     assert namespace.remove(path) and not path.exists()  # `clear`
     path.mkdir()
     assert namespace.store_id(path) not in (None, first), "a cleared namespace's pages are gone: another store"
