@@ -59,18 +59,21 @@ def open_namespace(base: Path, fp: str, identity: dict[str, Any], model_path: st
 def store_id(path: Path) -> str | None:
     """The namespace directory's id, made if it has none: written whole under a temporary name, then linked, which
     fails if another replica linked its own first (atomic on local file systems and NFS alike): all read the first.
-    None if the file holds something else (no shared credit rather than a wrong one)."""
+    None if the file holds something else or cannot be made (no shared credit rather than a wrong one)."""
     target = path / STORE_ID
-    if not target.exists():
-        tmp = path / f"{STORE_ID}.{uuid.uuid4().hex}.new"
-        tmp.write_text(uuid.uuid4().hex + "\n")
-        try:
-            os.link(tmp, target)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    found = target.read_text().strip()
+    try:
+        if not target.exists():
+            tmp = path / f"{STORE_ID}.{uuid.uuid4().hex}.new"
+            tmp.write_text(uuid.uuid4().hex + "\n")
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        found = target.read_text().strip()
+    except OSError:  # a full, read-only or failing disk costs the shared credit, never the worker's start
+        return None
     return found if STORE_ID_FORMAT.match(found) else None
 
 

@@ -298,3 +298,15 @@ def test_sglang_runs_in_the_launchers_interpreter_as_its_main_module(tmp_path, m
         code = launch.run_sglang_here(["--port", "1"], {launch.STORAGE_DIR_ENV: "/kv/ns"})
     assert code == 3
     assert out.getvalue().strip() == "['--port', '1'] /kv/ns"
+
+
+def test_a_directory_where_no_store_id_can_be_made_costs_the_credit_not_the_start(tmp_path):
+    path = tmp_path / "ns"
+    path.mkdir()
+    path.chmod(0o500)  # read-only (as a full disk refuses the write too)
+    try:
+        if os.access(path, os.W_OK):  # root writes anyway: make the write itself fail
+            (path / namespace.STORE_ID).mkdir()
+        assert namespace.store_id(path) is None
+    finally:
+        path.chmod(0o700)
