@@ -57,6 +57,14 @@ class KVStoreMembership(_Strict):
     namespace: str = Field(pattern=r"^[0-9a-f]{16}$")  # the namespace's fingerprint, its directory's name
     # HMAC-SHA256 keyed by the secret (pdcluster/kvstore/secret_proof.py), never the secret; None: no secret.
     secret_proof: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    # Its directory's own id (pdcluster/kvstore/namespace.py, `store-id`): replicas mounting one volume share it, two
+    # disks with the same namespace do not. None: unknown (an older launcher): its pages credit no other worker.
+    store_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+
+    @property
+    def store(self) -> str | None:
+        """Where its pages are, across workers: the same for every worker reading the same files."""
+        return f"{self.namespace}/{self.store_id}" if self.store_id else None
 
 
 class KVEventsEndpoint(_Strict):

@@ -8,16 +8,25 @@ random. So a long cached prefix draws its traffic to its holder until that holde
 saves, and a small hit never outweighs a queue. What it holds is what SGLang reuses: whole pages, of all but the
 prompt's last token (SGLang computes at least one).
 
+A prefill with a KV store on disk also holds the pages after its memory's prefix that are on its store, wherever they
+came from: a replica sharing the store, or itself before a restart (router/kv_index.py). Reading them is cheaper than
+computing them and dearer than memory: each costs STORED_TOKEN_COST of a computed token. Measured with the CPU
+attention plugin (on by default; bench/README.md, KV persistence), a disk hit's TTFT over a memory hit's is 3-16% of
+the cold prompt's (llama-small, 8192 tokens: 1.34 s vs 0.59 s of 22 s; SmolLM2, 8000: 16.7 s vs 3.0 s of 87 s); a
+quarter leaves a margin for pages out of the page cache. So a replica holding a prompt in memory wins over one that
+would read it, unless its queue costs more than that difference.
+
 The prompt's token ids (router/prompt_ids.py): given, or by the model's tokenizer where this router can read its
 folder; else (compose, Kubernetes: the workers downloaded the model) `prepare` asks a candidate's own /tokenize
 first, once per request, so the router needs no model of its own.
 
-Blind: when no candidate's events were heard (none publishes, or none got through yet), it routes as round robin
-does (perhaps no candidate has a radix cache: affinity would cost balance for nothing). When the prompt's ids are
-unknown, the text `prefix` policy decides (router/pairing.py's PrefixAffinity: pairing gives both, as this module
-does not import it). A candidate not heard from, beside ones that were, is taken to hold nothing (routed by load).
-One candidate: no choice, nothing tokenized. Every choice is counted by kind, and what the chosen prefill was
-predicted to hold is kept on the request, to compare with what its answer reports (`meta_info.cached_tokens`).
+Blind: when no candidate's events were heard (none publishes, or none got through yet) and none's store is known to
+hold a page, it routes as round robin does (perhaps no candidate has a radix cache: affinity would cost balance for
+nothing). When the prompt's ids are unknown, the text `prefix` policy decides (router/pairing.py's PrefixAffinity:
+pairing gives both, as this module does not import it). A candidate not heard from, beside known ones, holds only its
+store's pages (a restarted prefill, before its first event). One candidate: no choice, nothing tokenized. Every
+choice is counted by kind, and what the chosen prefill was predicted to hold is kept on the request, to compare with
+what its answer reports (`meta_info.cached_tokens`).
 """
 
 from __future__ import annotations
@@ -26,13 +35,14 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
-from router.kv_index import KvIndex
+from router.kv_index import Held, KvIndex
 from router.metrics import RouterMetrics
 from router.prompt_ids import Client, PromptTokens
 from router.request import PdRequest
 from router.workers import Worker
 
 REQUEST_TOKENS = 64  # what a request in flight costs besides its prompt tokens (scheduling, its transfer)
+STORED_TOKEN_COST = 0.25  # a prompt token read from the KV store, in computed tokens (the module's docstring)
 
 
 class Fallback(Protocol):
@@ -65,7 +75,7 @@ class CacheAware:
         client = self.client
         if client is None or len(candidates) < 2 or request.prompt_ids is not None or request.checked.token_ids:
             return
-        indexed = [w for w in candidates if self.index.heard(w.worker_id)]
+        indexed = self._indexed(candidates)
         identity = indexed[0].identity if indexed else None
         if identity is not None and self.tokens.remote(identity.model_path, request.route):
             worker = min(indexed, key=lambda w: (w.pending_prompt_tokens, self._rng.random()))
@@ -75,27 +85,31 @@ class CacheAware:
         request.predicted_cached = None
         if len(candidates) == 1:
             return candidates[0]
-        indexed = [w for w in candidates if self.index.heard(w.worker_id)]
+        indexed = self._indexed(candidates)
         if not indexed:
             return self._count("blind", self.blind.choose(candidates, ""))
         model = next((w.identity.model_path for w in indexed if w.identity is not None), None)
         ids = self.tokens.of(request, model)
         if ids is None:
             return self._count("no_tokens", self.fallback.choose(candidates, request.hint))
-        held = self.index.match([w.worker_id for w in indexed], ids, len(ids) - 1)
+        held = self.index.held([(w.worker_id, _store(w)) for w in indexed], ids, len(ids) - 1)
         chosen = self.pick(candidates, held, len(ids))
         if request.checked.batch_size is None:  # a batch's answer counts all its prompts: no comparison
-            request.predicted_cached = held.get(chosen.worker_id, 0)
+            request.predicted_cached = held.get(chosen.worker_id, Held()).tokens
         return self._count("indexed", chosen)
 
-    def pick(self, candidates: Sequence[Worker], held: dict[str, int], prompt_tokens: int) -> Worker:
-        """The cheapest candidate (the module's docstring), given the tokens each holds of a prompt's."""
-        def cost(w: Worker) -> tuple[int, int, float]:
-            hit = held.get(w.worker_id, 0)
+    def pick(self, candidates: Sequence[Worker], held: dict[str, Held], prompt_tokens: int) -> Worker:
+        """The cheapest candidate (the module's docstring), given what each holds of a prompt's tokens."""
+        def cost(w: Worker) -> tuple[float, float, float]:
+            part = held.get(w.worker_id) or Held()
+            hit = part.memory + (1 - STORED_TOKEN_COST) * part.stored
             work = w.pending_prompt_tokens + REQUEST_TOKENS * w.in_flight + prompt_tokens - hit
             return work, -hit, self._rng.random()
 
         return min(candidates, key=cost)
+
+    def _indexed(self, candidates: Sequence[Worker]) -> list[Worker]:
+        return [w for w in candidates if self.index.known(w.worker_id, _store(w))]
 
     def _count(self, kind: str, chosen: Worker) -> Worker:
         if self.metrics is not None:
@@ -105,3 +119,7 @@ class CacheAware:
     def worker_removed(self, worker_id: str) -> None:
         self.fallback.worker_removed(worker_id)
         self.blind.worker_removed(worker_id)
+
+
+def _store(worker: Worker) -> str | None:
+    return worker.kv_store.store if worker.kv_store else None

@@ -2,9 +2,10 @@
 the cache_aware policy's index (router/kv_index.py).
 
 One subscription per registered worker instance. A new instance (its launcher's instance_id: a restart, even at the
-same address) or a new endpoint ends the old subscription and its entries: a restarted prefill's cache is not its
-predecessor's. A subscription first asks the publisher's replay socket for every batch it still buffers, so a router
-that (re)starts knows what the prefill held before it came. Then, batch by batch, in sequence:
+same address), endpoint or KV store ends the old subscription and its entries: a restarted prefill's cache is not its
+predecessor's (its KV store's pages, indexed apart, stay: router/kv_index.py). A subscription first asks the
+publisher's replay socket for every batch it still buffers, so a router that (re)starts knows what the prefill held
+before it came. Then, batch by batch, in sequence:
 - a gap (a batch lost: ZMQ drops past its high-water mark) is replayed from the replay socket; without one, or if
   the replay cannot close it, the worker's entries are dropped and it is indexed afresh from there on;
 - a sequence that goes back (the publisher restarted) drops its entries too.
@@ -53,13 +54,14 @@ class Subscription:
         self.context, self.worker, self.endpoint, self.index, self.metrics = context, worker, endpoint, index, metrics
         self.worker_id = worker.worker_id
         self.page_size = worker.identity.page_size if worker.identity else None
+        self.store = worker.kv_store.store if worker.kv_store else None
         self.expected: int | None = None  # the next sequence
         self.replayed = False  # live batches below `expected` are then the replay's duplicates
         self.warned = False
         self.idle = IDLE_RESUBSCRIBE
 
     async def run(self) -> None:
-        self.index.open(self.worker_id, self.page_size)
+        self.index.open(self.worker_id, self.page_size, self.store)
         socket = self._subscribe()
         try:
             await self._replay(0, "start")
@@ -125,7 +127,7 @@ class Subscription:
 
     def _resync(self, reason: str) -> None:
         """Forget what the worker holds; index it afresh from the next batch."""
-        self.index.open(self.worker_id, self.page_size)
+        self.index.open(self.worker_id, self.page_size, self.store)
         self.expected = None
         if self.metrics:
             self.metrics.kv_resyncs.labels(self.worker_id, reason).inc()
@@ -178,7 +180,7 @@ class Subscription:
 
 
 def _subscribed_as(worker: Worker) -> tuple:
-    return worker.instance_id, worker.kv_events
+    return worker.instance_id, worker.kv_events, worker.kv_store
 
 
 async def follow_kv_events(pool: WorkerPool, index: KvIndex, metrics: RouterMetrics | None,

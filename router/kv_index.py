@@ -4,15 +4,27 @@ Keyed as SGLang's gateway keys its index: by what a page holds, not by the engin
 engine's hash function or its namespacing. A page's key chains its parent's key with its own token ids (so it says
 the page's position and everything before it); the router computes the same chain over a request's token ids and
 walks it while some worker holds the next key. The engine's hash is kept only to resolve removals and to find a
-stored page's parent. A page is held while any tier (GPU, CPU_PINNED, DISK, EXTERNAL: HiCache's) holds it: HiCache
+stored page's parent. A page is in a worker's memory while a tier of it (GPU, CPU_PINNED: HiCache's) holds it: HiCache
 loads a page held lower back for the next request.
 
+A worker's KV store on disk (pdcluster/kvstore/) has an index of its own, shared by every worker registered with the
+same store (`KVStoreMembership.store`: namespace and directory id, so one volume's replicas share it, two disks do
+not), and kept when they restart: a restarted prefill's memory is empty, its store's pages are not. SGLang 0.5.23
+publishes nothing of its storage tier (its HiCache tree, srt/mem_cache/unified_cache/unified_tree_core.py, sends GPU
+and CPU_PINNED only; storage writes and the disk's LRU evictions are silent), but a prefill with a store writes
+through: a page in its host memory (CPU_PINNED) is written to the store next, or was read from it. So such a page, or
+one of a DISK/EXTERNAL event should SGLang send one, is taken to be on the store until the store index's own LRU bound
+drops it. A page the disk lost meanwhile (evicted first, a failed write) is still claimed: a lost hit, which the
+prediction metrics show, never a wrong answer.
+
 Bounded: at most `max_pages` pages per worker; past that new pages are not indexed (the index then under-claims,
-which only costs a hit, never a wrong claim).
+which only costs a hit, never a wrong claim). A store holds at most `max_pages` too, the least recently stored going
+first (no removal comes), and at most MAX_IDLE_STORES stores no subscribed worker uses are kept.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -20,6 +32,9 @@ from router.kv_wire import Cleared, Event, Removed, Stored
 
 ROOT = 0  # the key a first page chains from
 MAX_PAGES_PER_WORKER = 262_144
+MAX_IDLE_STORES = 4  # stores whose workers are gone (restarting, perhaps), kept
+MEMORY = frozenset({"GPU", "CPU_PINNED"})
+ON_STORE = frozenset({"CPU_PINNED", "DISK", "EXTERNAL"})  # with a store: on it (written through, or read from it)
 
 
 def page_key(parent_key: int, tokens: Sequence[int]) -> int:
@@ -33,15 +48,65 @@ class Page:
     media: set[str]
 
 
+@dataclass(slots=True)
+class Held:
+    """A worker's part of a prompt: its leading tokens in memory, then the tokens after them on its store."""
+
+    memory: int = 0
+    stored: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.memory + self.stored
+
+
+@dataclass
+class StoreIndex:
+    """The pages on one KV store, whichever worker put them there."""
+
+    name: str
+    max_pages: int = MAX_PAGES_PER_WORKER
+    block_size: int | None = None
+    pages: OrderedDict[int, int] = field(default_factory=OrderedDict)  # engine hash -> content key, least recent first
+    keys: dict[int, int] = field(default_factory=dict)  # content key -> pages holding it
+    members: set[str] = field(default_factory=set)  # the subscribed workers registered with it
+
+    def add(self, block: int, key: int, size: int) -> None:
+        if self.block_size is None:
+            self.block_size = size
+        elif size != self.block_size:
+            return
+        if block in self.pages:
+            self.pages.move_to_end(block)  # written or read again: the disk's LRU keeps it too
+            return
+        if len(self.pages) >= self.max_pages:
+            self._unkey(self.pages.popitem(last=False)[1])
+        self.pages[block] = key
+        self.keys[key] = self.keys.get(key, 0) + 1
+
+    def remove(self, block: int) -> None:
+        key = self.pages.pop(block, None)
+        if key is not None:
+            self._unkey(key)
+
+    def _unkey(self, key: int) -> None:
+        left = self.keys[key] - 1
+        if left:
+            self.keys[key] = left
+        else:
+            del self.keys[key]
+
+
 @dataclass
 class WorkerIndex:
     max_pages: int = MAX_PAGES_PER_WORKER
     block_size: int | None = None  # a page's tokens: the registered page size, else learnt from its first event
-    pages: dict[int, Page] = field(default_factory=dict)  # engine hash -> page
+    pages: dict[int, Page] = field(default_factory=dict)  # engine hash -> page in memory
     keys: dict[int, int] = field(default_factory=dict)  # content key -> pages holding it (LoRA namespaces may share)
     orphans: int = 0  # stored pages whose parent it never saw (joined late): not indexed
     heard: bool = False  # an event came since it was opened (a silent publisher's index knows nothing)
     overflow: int = 0  # stored pages past max_pages: not indexed
+    store: StoreIndex | None = None  # the KV store it writes through to, if it registered one
 
     def apply(self, event: Event) -> None:
         self.heard = True
@@ -49,16 +114,21 @@ class WorkerIndex:
             self._store(event)
         elif isinstance(event, Removed):
             for block in event.hashes:
-                self._remove(block, event.medium)
+                if self.store is not None and event.medium not in MEMORY:
+                    self.store.remove(block)
+                else:
+                    self._remove(block, event.medium)
         elif isinstance(event, Cleared):
-            self.clear()
+            self.clear()  # its memory: SGLang's flush leaves the storage
+
+    def _parent_key(self, parent: int) -> int | None:
+        if (page := self.pages.get(parent)) is not None:
+            return page.key
+        return self.store.pages.get(parent) if self.store is not None else None
 
     def _store(self, event: Stored) -> None:
-        if event.parent is None:
-            parent_key = ROOT
-        elif (parent := self.pages.get(event.parent)) is not None:
-            parent_key = parent.key
-        else:
+        parent_key = ROOT if event.parent is None else self._parent_key(event.parent)
+        if parent_key is None:
             self.orphans += len(event.hashes)
             return
         size = event.block_size
@@ -66,21 +136,25 @@ class WorkerIndex:
             self.block_size = size
         elif size != self.block_size:  # a partial page; else not SGLang (a restart with another size is a new index)
             return
+        store = self.store if event.medium in ON_STORE else None
+        in_memory = event.medium in MEMORY or self.store is None  # DISK/EXTERNAL without a store: as held
         for i, block in enumerate(event.hashes):
             tokens = event.token_ids[i * size:(i + 1) * size]
             if len(tokens) < size:
                 return  # a partial last page: matching walks whole pages only
             known = self.pages.get(block)
+            parent_key = known.key if known is not None else page_key(parent_key, tokens)
+            if store is not None:
+                store.add(block, parent_key, size)
+            if not in_memory:
+                continue
             if known is not None:
                 known.media.add(event.medium)  # the same page in another tier (HiCache's backup, a load-back)
-                parent_key = known.key
-                continue
-            if len(self.pages) >= self.max_pages:
-                self.overflow += len(event.hashes) - i
-                return
-            parent_key = page_key(parent_key, tokens)
-            self.pages[block] = Page(parent_key, {event.medium})
-            self.keys[parent_key] = self.keys.get(parent_key, 0) + 1
+            elif len(self.pages) >= self.max_pages:
+                self.overflow += 1
+            else:
+                self.pages[block] = Page(parent_key, {event.medium})
+                self.keys[parent_key] = self.keys.get(parent_key, 0) + 1
 
     def _remove(self, block: int, medium: str) -> None:
         page = self.pages.get(block)
@@ -102,23 +176,47 @@ class WorkerIndex:
 
 
 class KvIndex:
-    """Every subscribed worker's index, by worker id. A worker is `live` from its subscription on: the subscriber
-    (router/kv_events.py) replays what its publisher buffered first, so a (re)started router starts from it. It is
-    `heard` once an event came: routing by the index of a publisher that sent nothing (none yet, or a port the
-    router cannot reach) would claim to know what it does not."""
+    """Every subscribed worker's index, by worker id, and every known store's, by name. A worker is `live` from its
+    subscription on: the subscriber (router/kv_events.py) replays what its publisher buffered first, so a (re)started
+    router starts from it. It is `heard` once an event came: routing by the index of a publisher that sent nothing
+    (none yet, or a port the router cannot reach) would claim to know what it does not. A store is known once it
+    holds a page, whichever member's events put it there."""
 
     def __init__(self, max_pages: int = MAX_PAGES_PER_WORKER):
         self.max_pages = max_pages
         self.workers: dict[str, WorkerIndex] = {}
+        self.stores: dict[str, StoreIndex] = {}  # the idle ones (no member) last, longest idle first
 
-    def open(self, worker_id: str, page_size: int | None) -> WorkerIndex:
-        """A fresh, empty index for the worker (a new subscription: a new worker, instance or publisher)."""
-        index = self.workers[worker_id] = WorkerIndex(self.max_pages, page_size)
+    def open(self, worker_id: str, page_size: int | None, store: str | None = None) -> WorkerIndex:
+        """A fresh, empty index for the worker (a new subscription: a new worker, instance or publisher), writing
+        through to `store` (its registered one's name) if any: what the store holds is kept."""
+        self._leave(worker_id)
+        shared = None
+        if store is not None:
+            shared = self.stores.get(store)
+            if shared is None:
+                shared = self.stores[store] = StoreIndex(store, self.max_pages)
+            shared.members.add(worker_id)
+        index = self.workers[worker_id] = WorkerIndex(self.max_pages, page_size, store=shared)
         return index
 
     def drop(self, worker_id: str) -> None:
-        """Nothing is known of the worker any more: its routing is blind until it is subscribed again."""
+        """Nothing is known of the worker's memory any more: its routing is blind until it is subscribed again (but
+        for its store's pages)."""
+        self._leave(worker_id)
         self.workers.pop(worker_id, None)
+
+    def _leave(self, worker_id: str) -> None:
+        index = self.workers.get(worker_id)
+        store = index.store if index is not None else None
+        if store is None:
+            return
+        store.members.discard(worker_id)
+        if not store.members:
+            self.stores[store.name] = self.stores.pop(store.name)  # the most recently idle, last
+            idle = [name for name, s in self.stores.items() if not s.members]
+            for name in idle[:max(0, len(idle) - MAX_IDLE_STORES)]:
+                del self.stores[name]
 
     def live(self, worker_id: str) -> bool:
         return worker_id in self.workers
@@ -126,6 +224,10 @@ class KvIndex:
     def heard(self, worker_id: str) -> bool:
         index = self.workers.get(worker_id)
         return index is not None and index.heard
+
+    def known(self, worker_id: str, store: str | None) -> bool:
+        """Whether the index knows anything of what the worker holds: its events, or its store's pages."""
+        return self.heard(worker_id) or (store is not None and store in self.stores and bool(self.stores[store].pages))
 
     def apply(self, worker_id: str, events: Iterable[Event]) -> None:
         index = self.workers.get(worker_id)
@@ -138,21 +240,40 @@ class KvIndex:
         return len(index.pages) if index is not None else 0
 
     def match(self, worker_ids: Iterable[str], token_ids: Sequence[int], limit: int | None = None) -> dict[str, int]:
-        """Per worker, how many leading tokens of `token_ids` (of its first `limit`) it holds (whole pages). Stops
-        hashing at the first page no worker holds: a miss costs one hash."""
+        """Per worker, how many leading tokens of `token_ids` (of its first `limit`) it holds in memory."""
+        return {worker_id: held.memory for worker_id, held in
+                self.held([(worker_id, None) for worker_id in worker_ids], token_ids, limit).items()}
+
+    def held(self, workers: Iterable[tuple[str, str | None]], token_ids: Sequence[int],
+             limit: int | None = None) -> dict[str, Held]:
+        """Per (worker, its store's name or None), what it holds of the leading tokens of `token_ids` (of its first
+        `limit`; whole pages), as SGLang would find them: the prefix in its memory, then the pages after it that are
+        on its store. Stops hashing at the first page no worker holds: a miss costs one hash."""
         end = len(token_ids) if limit is None else min(limit, len(token_ids))
-        held: dict[str, int] = {}
-        by_size: dict[int, list[tuple[str, WorkerIndex]]] = {}
-        for worker_id in worker_ids:
+        found: dict[str, Held] = {}
+        by_size: dict[int, list[tuple[dict[int, int], dict[int, int], Held]]] = {}
+        for worker_id, name in workers:
             index = self.workers.get(worker_id)
-            if index is not None and index.block_size:
-                by_size.setdefault(index.block_size, []).append((worker_id, index))
-        for size, indexes in by_size.items():
-            held.update((worker_id, 0) for worker_id, _ in indexes)
+            store = self.stores.get(name) if name is not None else None
+            size = (index.block_size if index is not None else None) or (store.block_size if store else None)
+            if size:
+                memory = index.keys if index is not None else {}
+                stored = store.keys if store is not None and store.block_size == size else {}
+                by_size.setdefault(size, []).append((memory, stored, found.setdefault(worker_id, Held())))
+        for size, walks in by_size.items():
             key, depth = ROOT, 0
-            while indexes and (depth + 1) * size <= end:
+            while walks and (depth + 1) * size <= end:
                 key = page_key(key, token_ids[depth * size:(depth + 1) * size])
                 depth += 1
-                indexes = [(worker_id, index) for worker_id, index in indexes if key in index.keys]
-                held.update((worker_id, depth * size) for worker_id, _ in indexes)
-        return held
+                going = []
+                for walk in walks:
+                    memory, stored, held = walk
+                    if not held.stored and key in memory:  # SGLang matches its memory first, then asks its store
+                        held.memory = depth * size
+                    elif key in stored:
+                        held.stored = depth * size - held.memory
+                    else:
+                        continue
+                    going.append(walk)
+                walks = going
+        return found

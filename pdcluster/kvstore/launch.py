@@ -40,24 +40,26 @@ def prepare(base: Path, sglang_argv: list[str], orphan_tmp_age: float) -> tuple[
     weights, pin = resolve_weights(ns.model_path, ns.revision, DigestCache(base / namespace.DIGEST_CACHE))
     identity = kv_identity(ns, weights)
     fp = fingerprint(identity)
-    announce(fp, ns)
     path, fd, removed = namespace.open_namespace(base, fp, identity, ns.model_path, orphan_tmp_age)
+    announce(fp, ns, namespace.store_id(path))
     files = sum(1 for name in os.listdir(path) if name.endswith(".bin"))
     extra = ["--revision", pin] if pin and pin != ns.revision else []
     note = f"KV namespace {path} ({files} pages stored; {removed} orphan temp files removed)"
     return {STORAGE_DIR_ENV: str(path)}, extra, fd, note
 
 
-def announce(fp: str, ns: argparse.Namespace) -> None:
-    """Tell the worker launcher, which registers it (pdcluster/worker/registrar.py), the namespace and the proof of
-    the secret SGLang's storage will load (its extra config's secret_file, else $PDCLUSTER_KV_SECRET): the bootstrap
-    service admits a namespace's workers only with one secret. Decided here, from what SGLang really gets."""
+def announce(fp: str, ns: argparse.Namespace, store_id: str | None) -> None:
+    """Tell the worker launcher, which registers it (pdcluster/worker/registrar.py), the namespace, its directory's
+    id and the proof of the secret SGLang's storage will load (its extra config's secret_file, else
+    $PDCLUSTER_KV_SECRET): the bootstrap service admits a namespace's workers only with one secret. Decided here,
+    from what SGLang really gets."""
     target = os.environ.pop(MEMBERSHIP_ENV, None)
     if not target:
         return  # started by hand, not by a registering launcher
     extra = json.loads(ns.hicache_storage_backend_extra_config or "{}")
     secret = load_secret(extra.get("secret_file") if isinstance(extra, dict) else None)
-    Path(target).write_text(json.dumps({"namespace": fp, "secret_proof": secret_proof(secret, fp)}))
+    Path(target).write_text(json.dumps({"namespace": fp, "secret_proof": secret_proof(secret, fp),
+                                        "store_id": store_id}))
 
 
 def resolve_weights(model_path: str, revision: str | None, cache: DigestCache) -> tuple[dict[str, Any], str | None]:

@@ -4,6 +4,10 @@ Every worker using a namespace holds a shared flock on its `.lock` file for as l
 passes the descriptor on across exec). So a starting worker that gets the lock exclusively knows no other worker writes
 there and removes every orphan temp file; otherwise it removes only those older than `orphan_tmp_age`, never another
 replica's write in flight. `clear` takes the lock exclusively too, so it never deletes under a running worker.
+
+Its `store-id` names the directory itself: made once by its first worker, read by every later one, so replicas that
+mount one volume register one id, two disks holding the same namespace two (the routers credit a stored page to the
+prefills of its store only). `clear` deletes it with the pages.
 """
 
 from __future__ import annotations
@@ -14,15 +18,18 @@ import os
 import re
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 RECORD = "namespace.json"
 LOCK = ".lock"
+STORE_ID = "store-id"
 DIGEST_CACHE = ".weights-cache.json"  # in the base directory, shared by its namespaces
 ORPHAN_TMP = re.compile(r"^\.[0-9a-f]{32}\.tmp$")  # HiCacheFile's temporary name, f".{uuid4().hex}.tmp"
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
+STORE_ID_FORMAT = re.compile(r"^[0-9a-f]{32}$")
 
 
 def open_namespace(base: Path, fp: str, identity: dict[str, Any], model_path: str, orphan_tmp_age: float,
@@ -47,6 +54,27 @@ def open_namespace(base: Path, fp: str, identity: dict[str, Any], model_path: st
     if alone:
         fcntl.flock(fd, fcntl.LOCK_SH)  # from now on, other replicas may join
     return path, fd, removed
+
+
+def store_id(path: Path) -> str | None:
+    """The namespace directory's id, made if it has none: written whole under a temporary name, then linked, which
+    fails if another replica linked its own first (atomic on local file systems and NFS alike): all read the first.
+    None if the file holds something else or cannot be made (no shared credit rather than a wrong one)."""
+    target = path / STORE_ID
+    try:
+        if not target.exists():
+            tmp = path / f"{STORE_ID}.{uuid.uuid4().hex}.new"
+            tmp.write_text(uuid.uuid4().hex + "\n")
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        found = target.read_text().strip()
+    except OSError:  # a full, read-only or failing disk costs the shared credit, never the worker's start
+        return None
+    return found if STORE_ID_FORMAT.match(found) else None
 
 
 def _same_file(fd: int, path: Path) -> bool:

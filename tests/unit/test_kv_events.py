@@ -1,17 +1,20 @@
 """The router's subscription to a prefill's KV events, against a fake SGLang publisher on loopback: live batches
-indexed, gaps replayed or the index dropped, a sequence going back, a new instance, and a hostile publisher."""
+indexed, gaps replayed or the index dropped, a sequence going back, a new instance (its KV store's pages kept), and a
+hostile publisher."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import zmq.asyncio
 
-from pdcluster.protocol import KVEventsEndpoint, ModelIdentity, Role
+from pdcluster.protocol import KVEventsEndpoint, KVStoreMembership, ModelIdentity, Role
 from router.kv_events import Subscription, follow_kv_events
 from router.kv_index import KvIndex
+from router.kv_wire import Stored
 from router.metrics import RouterMetrics
 from router.workers import Worker, WorkerPool
 from tests.unit.kv_event_fakes import PAGE, FakePublisher, frames, stored
@@ -160,6 +163,25 @@ def test_a_new_instance_drops_the_workers_entries_and_subscribes_again():
         del pool.workers["p0"]
         await eventually(lambda: not index.live("p0"))
         assert worker.instance_id == "i1"
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_a_new_instance_keeps_its_kv_stores_pages_and_joins_the_store_again():
+    store = KVStoreMembership(namespace="0123456789abcdef", store_id="c" * 32)
+
+    async def scenario() -> None:
+        pool, index = WorkerPool(admission_check=False), KvIndex()
+        pool.workers["p0"] = replace(prefill(None, "i1", replay=False), kv_store=store)
+        task = asyncio.create_task(follow_kv_events(pool, index, None))
+        await eventually(lambda: index.live("p0"))
+        index.apply("p0", [Stored((1,), None, tuple(TOKENS[:4]), PAGE, "CPU_PINNED")])  # host memory: on the store
+        pool.workers["p0"] = replace(prefill(None, "i2", replay=False), kv_store=store)  # restarted
+        await eventually(lambda: index.live("p0") and not index.workers["p0"].keys)
+        assert index.stores[store.store].members == {"p0"}  # type: ignore[index]
+        assert index.held([("p0", store.store)], TOKENS)["p0"].stored == 4
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 

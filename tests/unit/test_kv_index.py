@@ -1,4 +1,5 @@
-"""SGLang's KV event wire, both forms, read defensively; the index it feeds: stored, removed, cleared, tiers, bounds."""
+"""SGLang's KV event wire, both forms, read defensively; the index it feeds: stored, removed, cleared, tiers, bounds,
+and the KV stores that several workers share."""
 
 from __future__ import annotations
 
@@ -105,3 +106,75 @@ def test_a_partial_page_is_not_indexed_and_does_not_change_the_page_size():
     index = kv.open("a", PAGE)
     index.apply(Stored((1,), None, tuple(PROMPT[:3]), 3, "GPU"))
     assert not index.pages and index.block_size == PAGE
+
+
+STORE = "0123456789abcdef/" + "5" * 32  # a KVStoreMembership.store: namespace and directory id
+
+
+def test_a_page_written_through_to_a_shared_store_counts_for_every_worker_of_that_store_after_its_memory():
+    kv = KvIndex()
+    a, b = kv.open("a", PAGE, STORE), kv.open("b", PAGE, STORE)
+    stored_prompt(a, PROMPT)  # on a's device: not yet on the store (HiCache writes it through from host memory)
+    assert kv.held([("b", STORE)], PROMPT)["b"].tokens == 0 and not kv.known("b", STORE)
+    stored_prompt(a, PROMPT[:12], medium="CPU_PINNED")  # in a's host memory: on its way to the store
+    held = kv.held([("a", STORE), ("b", STORE)], PROMPT)
+    assert (held["a"].memory, held["a"].stored) == (16, 0), "a reads its memory first"
+    assert (held["b"].memory, held["b"].stored) == (0, 12) and held["b"].tokens == 12
+    stored_prompt(b, PROMPT[:4])  # b holds the first page itself: then reads the next two from the store
+    held = kv.held([("b", STORE)], PROMPT)["b"]
+    assert (held.memory, held.stored) == (4, 8)
+    assert kv.match(["b"], PROMPT) == {"b": 4}, "match: memory only"
+    a.apply(Removed(tuple(chain(1, PROMPT)), "GPU"))
+    a.apply(Removed(tuple(chain(1, PROMPT[:12])), "CPU_PINNED"))  # evicted from a's memory: still on the disk
+    a.apply(Cleared())  # a's flush clears its memory, never the store
+    held = kv.held([("a", STORE)], PROMPT)["a"]
+    assert (held.memory, held.stored) == (0, 12) and kv.known("a", STORE)
+
+
+def test_a_restarted_worker_loses_its_memory_and_keeps_its_stores_pages():
+    kv = KvIndex()
+    stored_prompt(kv.open("a", PAGE, STORE), PROMPT, medium="CPU_PINNED")
+    kv.drop("a")  # a new instance registered: its old entries go ...
+    assert not kv.heard("a") and kv.known("a", STORE), "... but not its store's"
+    held = kv.held([("a", STORE)], PROMPT)["a"]  # not subscribed again yet: its store's pages, at the store's rate
+    assert (held.memory, held.stored) == (0, 16)
+    kv.open("a", PAGE, STORE)
+    assert kv.held([("a", STORE)], PROMPT)["a"].stored == 16 and kv.match(["a"], PROMPT) == {"a": 0}
+
+
+def test_the_same_namespace_on_another_disk_is_another_store_and_a_worker_without_one_gets_no_credit():
+    kv = KvIndex()
+    other = "0123456789abcdef/" + "6" * 32  # same model and format, another host's directory
+    stored_prompt(kv.open("a", PAGE, STORE), PROMPT, medium="CPU_PINNED")
+    kv.open("b", PAGE, other)
+    kv.open("c", PAGE)  # registered no store (none, or an older launcher): HiCache's host pages are its memory only
+    held = kv.held([("a", STORE), ("b", other), ("c", None)], PROMPT)
+    assert held["a"].tokens == 16 and held["b"].tokens == 0 and held["c"].tokens == 0
+    assert not kv.known("b", other) and not kv.known("c", None)
+
+
+def test_storage_media_feed_the_store_and_a_store_is_bounded_least_recent_first():
+    kv = KvIndex(max_pages=3)
+    a = kv.open("a", PAGE, STORE)
+    stored_prompt(a, PROMPT[:8], medium="DISK")  # not sent by SGLang 0.5.23; read should a later one send it
+    assert not a.pages and kv.held([("a", STORE)], PROMPT)["a"].stored == 8
+    a.apply(Stored((3,), 2, tuple(PROMPT[8:12]), PAGE, "GPU"))  # its parent only on the store: still chained
+    assert kv.held([("a", STORE)], PROMPT)["a"].stored == 8 and a.orphans == 0 and len(a.pages) == 1
+    a.apply(Removed((2,), "DISK"))
+    assert kv.held([("a", STORE)], PROMPT)["a"].stored == 4
+    stored_prompt(a, PROMPT, medium="EXTERNAL")  # 4 pages into a store of 3: the least recent goes
+    assert list(kv.stores[STORE].pages) == [2, 3, 4] and kv.held([("a", STORE)], PROMPT)["a"].stored == 0
+
+
+def test_stores_without_workers_are_kept_a_few_the_longest_idle_going_first():
+    kv = KvIndex()
+    names = [f"0123456789abcdef/{i:032x}" for i in range(8)]
+    for i, name in enumerate(names[:6]):
+        kv.open(f"w{i}", PAGE, name)
+        kv.drop(f"w{i}")
+    assert list(kv.stores) == names[2:6], "the 4 most recently idle kept"
+    kv.open("w2", PAGE, names[2])  # a restarted worker of an idle store: in use again
+    for i in (6, 7):
+        kv.open(f"w{i}", PAGE, names[i])
+        kv.drop(f"w{i}")
+    assert list(kv.stores) == [names[2], *names[4:8]], "the longest idle one went; the one in use stays"

@@ -32,15 +32,16 @@ def model_dir(tmp_path: Path) -> str:
     return str(tmp_path / "model")
 
 
-def announced(tmp_path: Path, model_dir: str, monkeypatch, role: Role = Role.PREFILL, **kv: object) -> dict:
+def announced(tmp_path: Path, model_dir: str, monkeypatch, role: Role = Role.PREFILL, disk: str = "kv",
+              **kv: object) -> dict:
     """The worker's plan as the launcher decides it, then the launch step's preparation of it: what it announces."""
     config = tmp_path / "worker.yaml"
     config.write_text(f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n"
-                      f"  kv_store: {json.dumps({'dir': str(tmp_path / 'kv'), **kv})}\n")
+                      f"  kv_store: {json.dumps({'dir': str(tmp_path / disk), **kv})}\n")
     command = build_plan(RULES[role], str(config), [], env={"PATH": "/usr/bin"}).command
     target = tmp_path / f"membership-{role.value}.json"
     monkeypatch.setenv(MEMBERSHIP_ENV, str(target))
-    env, _extra, fd, _note = launch.prepare(tmp_path / "kv", command[command.index("sglang.launch_server") + 1:], 60)
+    env, _extra, fd, _note = launch.prepare(tmp_path / disk, command[command.index("sglang.launch_server") + 1:], 60)
     os.close(fd)
     assert MEMBERSHIP_ENV not in os.environ, "SGLang never sees it"
     text = target.read_text()
@@ -57,6 +58,9 @@ def test_the_launch_step_announces_the_namespace_sglang_uses_and_the_proof_of_it
     assert prefill_side["secret_proof"] == secret_proof(SECRET.encode(), namespace)
     decode_side = announced(tmp_path, model_dir, monkeypatch, Role.DECODE, secret_file=str(tmp_path / "secret"))
     assert decode_side == prefill_side, "the decode offloads into the same pages, with the same secret"
+    assert len(prefill_side["store_id"]) == 32, "the directory's id: the routers credit its pages to its workers"
+    elsewhere = announced(tmp_path, model_dir, monkeypatch, disk="other-disk", secret_file=str(tmp_path / "secret"))
+    assert elsewhere["namespace"] == namespace and elsewhere["store_id"] != prefill_side["store_id"]
     monkeypatch.setenv("PDCLUSTER_KV_SECRET", SECRET)
     assert announced(tmp_path, model_dir, monkeypatch) == prefill_side, "the secret from the environment proves alike"
     monkeypatch.delenv("PDCLUSTER_KV_SECRET")
@@ -76,9 +80,11 @@ def test_the_registrar_registers_what_the_launch_step_announced(tmp_path, caplog
     made.kv_store_file.write_text("{not json")
     made._read_kv_store()
     assert made.registration.kv_store is None and "its secret is not checked" in caplog.text
-    made.kv_store_file.write_text(json.dumps({"namespace": NS, "secret_proof": secret_proof(b"s", NS)}))
+    made.kv_store_file.write_text(json.dumps({"namespace": NS, "secret_proof": secret_proof(b"s", NS),
+                                              "store_id": "d" * 32}))
     made._read_kv_store()
     assert made.registration.kv_store is not None and made.registration.kv_store.namespace == NS
+    assert made.registration.kv_store.store == f"{NS}/{'d' * 32}"
     assert made.registration.kv_store.secret_proof == secret_proof(b"s", NS)
     made._threads = []  # never started here
     made.stop()

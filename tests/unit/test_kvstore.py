@@ -122,6 +122,32 @@ def test_namespace_record_and_reuse(tmp_path):
     assert record["model_path"] == "models/y" and removed == 0
 
 
+def test_the_store_id_names_the_directory_once_for_every_replica_that_mounts_it(tmp_path, monkeypatch):
+    path, fd, _ = namespace.open_namespace(tmp_path / "disk1", "0123456789abcdef", {}, "m", 600)
+    os.close(fd)
+    first = namespace.store_id(path)
+    assert first is not None and len(first) == 32 and namespace.store_id(path) == first, "one id per directory"
+    assert sorted(p.name for p in path.iterdir()) == [".lock", "namespace.json", "store-id"], "no temp file left"
+    other, fd, _ = namespace.open_namespace(tmp_path / "disk2", "0123456789abcdef", {}, "m", 600)
+    os.close(fd)
+    assert namespace.store_id(other) not in (None, first), "the same namespace on another disk: another store"
+    assert namespace.remove(path) and not path.exists()  # `clear`
+    path.mkdir()
+    assert namespace.store_id(path) not in (None, first), "a cleared namespace's pages are gone: another store"
+    real_link = os.link
+
+    def raced(source, target):  # another replica linked its id between our look and our link
+        (path / "store-id.theirs").write_text("e" * 32 + "\n")
+        real_link(path / "store-id.theirs", target)
+        real_link(source, target)
+
+    (path / "store-id").unlink()
+    monkeypatch.setattr(namespace.os, "link", raced)
+    assert namespace.store_id(path) == "e" * 32
+    (path / "store-id").write_text("not an id")
+    assert namespace.store_id(path) is None, "unreadable: no shared credit rather than a wrong one"
+
+
 def orphan(path: Path, age: float, now: float) -> Path:
     tmp = path / f".{os.urandom(16).hex()}.tmp"
     tmp.write_bytes(b"half a page")
@@ -272,3 +298,15 @@ def test_sglang_runs_in_the_launchers_interpreter_as_its_main_module(tmp_path, m
         code = launch.run_sglang_here(["--port", "1"], {launch.STORAGE_DIR_ENV: "/kv/ns"})
     assert code == 3
     assert out.getvalue().strip() == "['--port', '1'] /kv/ns"
+
+
+def test_a_directory_where_no_store_id_can_be_made_costs_the_credit_not_the_start(tmp_path):
+    path = tmp_path / "ns"
+    path.mkdir()
+    path.chmod(0o500)  # read-only (as a full disk refuses the write too)
+    try:
+        if os.access(path, os.W_OK):  # root writes anyway: make the write itself fail
+            (path / namespace.STORE_ID).mkdir()
+        assert namespace.store_id(path) is None
+    finally:
+        path.chmod(0o700)
