@@ -121,11 +121,15 @@ def test_a_hostile_publisher_is_bounded_and_never_ends_the_subscription():
         sub.idle = 0.5
         task = asyncio.create_task(sub.run())
         await eventually(lambda: publisher.replays == [0])
-        while sub.expected is None:
+        for _ in range(3000):  # ~60 s at most, even on a loaded machine; never a hang
+            if sub.expected is not None:
+                break
+            assert not task.done(), task  # a subscription that ended would leave this loop waiting forever
             publisher.publish(0, [])
             await asyncio.sleep(0.02)
             if sub.expected is None:
                 publisher.buffer.clear()
+        assert sub.expected is not None, "the subscription never applied a batch"
         publisher.send_raw([b"", b"\x00" * 8, b"\xc1" * 100])  # garbage
         publisher.send_raw([b"", b"\x00" * 8, b"\x00" * (20 * 2**20)])  # over ZMQ's MAXMSGSIZE: never buffered
         for i in range(1, 2001):  # a flood of new roots: the index stays within its bound
