@@ -39,7 +39,7 @@ class SealedFileStorage(HiCacheFile):
         secret = load_secret(extra.get("secret_file"))
         self.seal = PageSeal(os.path.basename(os.path.normpath(self.file_path)), secret)
         self.metrics = metrics.counters()
-        logger.info("pdcluster KV store in %s: pages sealed with HMAC-SHA256, %s", self.file_path,
+        logger.info("pdcluster KV store in %s: pages sealed (keyed BLAKE3), %s", self.file_path,
                     "keyed with the cluster secret" if secret else "no cluster secret (integrity only)")
 
     # -- reads

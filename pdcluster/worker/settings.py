@@ -35,7 +35,7 @@ class KVStoreSettings(BaseModel):
     # no other worker uses the namespace, all of them are.
     orphan_tmp_age: float = Field(default=600.0, ge=0)
     # A file holding the cluster secret (any bytes; surrounding whitespace ignored). With it, every page is sealed with
-    # an HMAC keyed by it, so a page written by anyone without it is never served. null: $PDCLUSTER_KV_SECRET if set,
+    # a MAC keyed by it, so a page written by anyone without it is never served. null: $PDCLUSTER_KV_SECRET if set,
     # else pages are sealed unkeyed (integrity only). Every worker sharing a namespace needs the same secret (the
     # bootstrap service refuses one whose secret differs: pdcluster/kvstore/secret_proof.py).
     secret_file: str | None = None
