@@ -126,17 +126,26 @@ def _json_object(arguments: str, field: str) -> None:
         raise ApiError(400, f"{field}: must be a JSON object, as text", field)
 
 
+# Each parser a request may need on both workers of its pair: (what needs it, its name, its WorkerCapabilities field).
+_PARSERS = {PairLimit.TOOL_PARSER: ("tool calling", "tool-call parser", "tool_call_parser"),
+            PairLimit.REASONING_PARSER: ("reasoning", "reasoning parser", "reasoning_parser")}
+
+
 def check_pair_has(field: str, need: PairLimit, workers: tuple[tuple[str, WorkerCapabilities], ...]) -> None:
-    """Both workers run with what `field` needs: the same tool-call parser (each constrains the answer by it, the
-    prefill its first token; the decode reads the calls out of it), or deterministic inference (else seeds are moot)."""
-    if need is PairLimit.TOOL_PARSER:
-        lacking = " and the ".join(name for name, caps in workers if caps.tool_call_parser is None)
+    """Both workers run what `field` needs: the same tool-call parser (each constrains the answer by it, the prefill
+    its first token; the decode reads the calls out of it), the same reasoning parser (each renders the reasoning of
+    the history by its markers and switches thinking by it; the decode splits the answer by it), or deterministic
+    inference (else seeds are moot)."""
+    if need in _PARSERS:
+        what, parser, attribute = _PARSERS[need]
+        named = [(name, getattr(caps, attribute)) for name, caps in workers]
+        lacking = " and the ".join(name for name, found in named if found is None)
         if lacking or not workers:
-            raise ApiError(400, f"{field}: tool calling needs SGLang's tool-call parser (--tool-call-parser) on both "
+            raise ApiError(400, f"{field}: {what} needs SGLang's {parser} (--{parser.replace(' ', '-')}) on both "
                                 f"workers of the pair, and the {lacking or 'pair'} runs none", field)
-        if len({caps.tool_call_parser for _, caps in workers}) > 1:
-            raise ApiError(400, f"{field}: the pair's workers run different tool-call parsers (" + ", ".join(
-                f"{name}: {caps.tool_call_parser}" for name, caps in workers) + "); it needs the same on both", field)
+        if len({found for _, found in named}) > 1:
+            raise ApiError(400, f"{field}: the pair's workers run different {parser}s (" + ", ".join(
+                f"{name}: {found}" for name, found in named) + "); it needs the same on both", field)
     elif lacking := " and the ".join(name for name, caps in workers if not caps.deterministic_inference) or (
             "" if workers else "pair"):
         raise ApiError(400, f"{field}: this cluster's workers do not run SGLang's deterministic inference "

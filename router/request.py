@@ -109,8 +109,8 @@ class Checked:
     # before dispatch (router/kv_fit.py's refuse_empty_texts); a 0-token one is refused. Empty for
     # every ordinary request.
     may_vanish: tuple[tuple[str, str], ...] = ()
-    # (field, need) of what both workers of the pair must run with (PairLimit.TOOL_PARSER, DETERMINISTIC): the first
-    # field that needs each, named in the 400 of a pair without it.
+    # (field, need) of what both workers of the pair must run with (PairLimit.TOOL_PARSER, REASONING_PARSER,
+    # DETERMINISTIC): the first field that needs each, named in the 400 of a pair without it.
     needs: tuple[tuple[str, PairLimit], ...] = ()
     choices: int = 1  # an OpenAI request's `n`: more than 1 is a request per choice (router/fanout.py)
 

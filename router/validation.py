@@ -33,7 +33,7 @@ from router.request import (
 
 LIMITS_DOC = "docs/limits.md"
 REQUIRED = frozenset({"messages", "prompt", "role"})  # and a message's content, but in tool calling's (chat_checks.py)
-NEEDS = (PairLimit.TOOL_PARSER, PairLimit.DETERMINISTIC)  # what both workers of the pair must run with
+NEEDS = (PairLimit.TOOL_PARSER, PairLimit.REASONING_PARSER, PairLimit.DETERMINISTIC)  # both workers run them
 _TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION}
 
 
@@ -107,7 +107,7 @@ class _PairChecks:
             if rule.pair is None or value is None or key in skip:
                 continue
             if rule.pair in NEEDS:
-                if value != []:  # `tools: []` asks for nothing
+                if _asks(value):
                     self.needs.setdefault(rule.pair, f"{where}{key}")
             elif rule.pair is PairLimit.TOKEN_IDS:
                 ids = [int(k) for k in value] if isinstance(value, dict) else value
@@ -117,6 +117,14 @@ class _PairChecks:
 
     def pair_needs(self) -> tuple[tuple[str, PairLimit], ...]:
         return tuple((field, need) for need, field in self.needs.items())
+
+
+def _asks(value: Any) -> bool:
+    """Whether a value asks for what its field needs of the pair: `tools: []`, a flag false (`separate_reasoning`) and
+    switches all null (`chat_template_kwargs: {}`) ask for nothing."""
+    if value is False or value == []:
+        return False
+    return any(v is not None for v in value.values()) if isinstance(value, dict) else True
 
 
 def _batch_of(values: list, field: str, batch_size: int | None) -> None:
