@@ -113,6 +113,9 @@ class Checked:
     # DETERMINISTIC): the first field that needs each, named in the 400 of a pair without it.
     needs: tuple[tuple[str, PairLimit], ...] = ()
     choices: int = 1  # an OpenAI request's `n`: more than 1 is a request per choice (router/fanout.py)
+    # A chat's reasoning_effort, out of the body: SGLang makes it the template's thinking switches, which only a pair
+    # that runs a reasoning parser parses (the same on both: check_for_pair), so each attempt sends it only to such.
+    reasoning_effort: str | None = None
 
     @property
     def hint(self) -> str:
@@ -173,9 +176,15 @@ class PdRequest:
         return self._hint
 
     def start_attempt(self, prefill: Worker) -> None:
-        """A new attempt on a pair whose prefill is `prefill`: its PD fields and fresh rids go into the body."""
+        """A new attempt on a pair whose prefill is `prefill`: its PD fields and fresh rids go into the body, and the
+        reasoning_effort if the pair parses reasoning."""
         self.attempt += 1
         self.rids = add_pd_fields(self.body, prefill, self.checked.batch_size)
+        if (effort := self.checked.reasoning_effort) is not None:
+            if prefill.capabilities.reasoning_parser is None:
+                self.body.pop("reasoning_effort", None)  # no effect there
+            else:
+                self.body["reasoning_effort"] = effort
         self.attempt_started = time.monotonic()
 
 

@@ -33,7 +33,8 @@ from router.request import (
 
 LIMITS_DOC = "docs/limits.md"
 REQUIRED = frozenset({"messages", "prompt", "role"})  # and a message's content, but in tool calling's (chat_checks.py)
-NEEDS = (PairLimit.TOOL_PARSER, PairLimit.REASONING_PARSER, PairLimit.DETERMINISTIC)  # both workers run them
+# What both workers of the pair must run with (router/chat_checks.py's check_pair_has).
+NEEDS = (PairLimit.TOOL_PARSER, PairLimit.REASONING_PARSER, PairLimit.REASONING_EFFORT, PairLimit.DETERMINISTIC)
 _TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION}
 
 
@@ -248,6 +249,7 @@ def check_chat(body: dict[str, Any]) -> Checked:
     assistant_fields(body["messages"])
     response_format_schema(body.get("response_format"))
     tool_bytes = check_tool_use(body)
+    effort = body.pop("reasoning_effort", None)  # sent by each attempt, if its pair parses reasoning (PdRequest)
     rid = body.get("rid")
     if isinstance(rid, list):
         raise ApiError(400, "rid: a chat request takes one id", "rid")
@@ -258,5 +260,5 @@ def check_chat(body: dict[str, Any]) -> Checked:
         rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
         prompt_tokens=text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]) + tool_bytes // CHARS_PER_TOKEN,
         longest_prompt=chat_bound(texts, len(body["messages"])) + tool_bytes, prompt_field="messages",
-        needs=checks.pair_needs(), choices=body.get("n") or 1)
+        needs=checks.pair_needs(), choices=body.get("n") or 1, reasoning_effort=effort)
 

@@ -239,7 +239,9 @@ CHAT: dict[str, Rule] = {
     "chat_template_kwargs": bounded("only SGLang's reasoning switches, enable_thinking and thinking, as booleans: "
                                     "other values reached the template engine and failed there",
                                     ThinkingSwitches | None, PairLimit.REASONING_PARSER),
-    "reasoning_effort": refused(REASONING + "; it reaches the chat template"),
+    "reasoning_effort": bounded("none, minimal, low, medium or high: SGLang makes it the template's thinking switches "
+                                "(off for none)", Literal["none", "minimal", "low", "medium", "high"] | None,
+                                PairLimit.REASONING_EFFORT),
     "thinking": refused(REASONING + "; it reaches the chat template"),
     "task": refused("a task tag of one model family's chat template"),
     "return_sampling_mask": refused("per-token sampling support: large answers the router does not merge",

@@ -32,6 +32,7 @@ class PairLimit(StrEnum):
     # What both workers of the pair must run with (their registered capabilities), else a 400 naming it.
     TOOL_PARSER = "the same tool-call parser on both workers"
     REASONING_PARSER = "the same reasoning parser on both workers"
+    REASONING_EFFORT = "the same reasoning parser on both workers, or none on both (then it is not sent: no effect)"
     DETERMINISTIC = "deterministic inference on both workers"
 
 

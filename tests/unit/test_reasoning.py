@@ -163,3 +163,41 @@ def test_the_router_answers_a_pair_that_disagrees_on_its_reasoning_parser_with_a
 def test_a_static_worker_declares_its_reasoning_parser():
     config = RouterConfig(bootstrap_url=None, decode=[{"url": "http://127.0.0.1:1", "reasoning_parser": "qwen3"}])
     assert config.static_workers()[0].capabilities == QWEN3
+
+
+EFFORTS = ["none", "minimal", "low", "medium", "high"]
+
+
+@pytest.mark.parametrize("effort", ["xhigh", "max", "HIGH", "", 0.5, True, ["low"]])
+def test_a_reasoning_effort_out_of_the_five_is_a_400_naming_it(effort):
+    error = refusal({"messages": MESSAGES, "reasoning_effort": effort}, limits(QWEN3, QWEN3))
+    assert error.param == "reasoning_effort" and "'none', 'minimal', 'low', 'medium' or 'high'" in error.message
+
+
+@pytest.mark.parametrize("effort", EFFORTS)
+def test_reasoning_effort_reaches_both_workers_of_a_pair_that_parses_reasoning_and_no_worker_of_one_that_does_not(
+        effort):
+    """SGLang makes it the template's thinking switches (thinking and enable_thinking, false for "none"): only a
+    reasoning parser makes anything of them, so where the pair runs none it is accepted and has no effect."""
+    parsing, plain = (FakeWorker(), FakeWorker()), (FakeWorker(), FakeWorker())
+    with pair(*parsing) as url:
+        sent = httpx.post(f"{url}{CHAT}", json={"messages": MESSAGES, "reasoning_effort": effort}, timeout=30)
+    with pair(*plain, None, None) as url:
+        accepted = httpx.post(f"{url}{CHAT}", json={"messages": MESSAGES, "reasoning_effort": effort, "n": 2},
+                              timeout=30)
+    assert sent.status_code == accepted.status_code == 200, accepted.text
+    assert [body["reasoning_effort"] for worker in parsing for body in worker.received] == [effort, effort]
+    assert len(plain[1].received) == 2 and not any("reasoning_effort" in body for w in plain for body in w.received)
+
+
+def test_reasoning_effort_through_a_pair_that_disagrees_on_its_reasoning_parser_is_a_400():
+    for prefill, decode, names in [("qwen3", None, "qwen3, decode static-decode-0: none"),
+                                   ("qwen3", "deepseek-r1", "qwen3, decode static-decode-0: deepseek-r1")]:
+        workers = FakeWorker(), FakeWorker()
+        with pair(*workers, prefill, decode) as url:
+            answer = httpx.post(f"{url}{CHAT}", json={"messages": MESSAGES, "reasoning_effort": "low"}, timeout=30)
+        assert answer.status_code == 400 and answer.json()["error"] == {
+            "message": f"reasoning_effort: the pair's workers run different reasoning parsers (prefill "
+                       f"static-prefill-0: {names}); it needs the same on both (or none on both, where it has no "
+                       f"effect)", "type": "invalid_request_error", "param": "reasoning_effort", "code": 400}
+        assert workers[0].received == workers[1].received == []
