@@ -83,8 +83,9 @@ def assistant_fields(messages: list[dict[str, Any]]) -> None:
             message["tool_calls"] = [{"id": answered, "type": "function", "function": call}]
 
 
-def check_tool_use(body: dict[str, Any]) -> int:
-    """400 for tool calling that cannot work; the bytes the tools and the calls may add to the rendered prompt."""
+def check_tool_use(body: dict[str, Any], tools_field: str = "tools") -> int:
+    """400 for tool calling that cannot work; the bytes the tools and the calls may add to the rendered prompt.
+    `tools_field`: what the client named the tools (the deprecated `functions` are sent as tools)."""
     tools = body.get("tools") or []
     choice = body.get("tool_choice")
     if choice == "required" and not tools:
@@ -95,7 +96,7 @@ def check_tool_use(body: dict[str, Any]) -> int:
     added = 0
     if tools:
         # One grammar when tool_choice is required: all the schemas, as SGLang puts them in it.
-        grammar_schema([tool["function"].get("parameters") for tool in tools], "tools")
+        grammar_schema([tool["function"].get("parameters") for tool in tools], tools_field)
         added = 2 * len(orjson.dumps(tools)) + TOOLS_PREAMBLE
     for i, message in enumerate(body["messages"]):
         added += _message(message, f"messages[{i}].")

@@ -116,6 +116,7 @@ class Checked:
     # A chat's reasoning_effort, out of the body: SGLang makes it the template's thinking switches, which only a pair
     # that runs a reasoning parser parses (the same on both: check_for_pair), so each attempt sends it only to such.
     reasoning_effort: str | None = None
+    legacy_functions: bool = False  # a chat that gave the deprecated `functions`: answered the legacy way
 
     @property
     def hint(self) -> str:

@@ -21,6 +21,7 @@ from router.chat_checks import assistant_fields, check_tool_use, empty_content_n
 from router.inventory.native import GENERATE, SAMPLING
 from router.inventory.openai import CHAT, COMPLETION, MESSAGE
 from router.inventory.rules import MAX_BATCH, Decision, PairLimit, Rule
+from router.legacy_functions import translate
 from router.request import (
     CHARS_PER_TOKEN,
     TEMPLATE_TOKENS,
@@ -248,7 +249,8 @@ def check_chat(body: dict[str, Any]) -> Checked:
         checks.gather(MESSAGE, message, f"messages[{i}].")
     assistant_fields(body["messages"])
     response_format_schema(body.get("response_format"))
-    tool_bytes = check_tool_use(body)
+    legacy = translate(body)  # the deprecated functions, function_call: as tools, tool_choice
+    tool_bytes = check_tool_use(body, "functions" if legacy else "tools")
     effort = body.pop("reasoning_effort", None)  # sent by each attempt, if its pair parses reasoning (PdRequest)
     rid = body.get("rid")
     if isinstance(rid, list):
@@ -260,5 +262,5 @@ def check_chat(body: dict[str, Any]) -> Checked:
         rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
         prompt_tokens=text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]) + tool_bytes // CHARS_PER_TOKEN,
         longest_prompt=chat_bound(texts, len(body["messages"])) + tool_bytes, prompt_field="messages",
-        needs=checks.pair_needs(), choices=body.get("n") or 1, reasoning_effort=effort)
+        needs=checks.pair_needs(), choices=body.get("n") or 1, reasoning_effort=effort, legacy_functions=legacy)
 

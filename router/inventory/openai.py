@@ -227,6 +227,11 @@ CHAT: dict[str, Rule] = {
                      Annotated[list[Tool], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
     "tool_choice": bounded("none, auto, required or a named function (of tools)", ToolChoice),
     "parallel_tool_calls": passed("", Flag),
+    "functions": mapped("deprecated: sent as tools (not with them); the answer's first call comes back as "
+                        "message.function_call, finish_reason function_call", Annotated[list[ToolFunction], Field(
+                            max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
+    "function_call": mapped("deprecated: sent as tool_choice (none, auto, or {name} of one of functions)",
+                            Literal["none", "auto"] | FunctionName),
     # Fields today's OpenAI clients send that SGLang does not know: accepted, and never sent on.
     "store": ignored(OPENAI_SERVICE + " (nothing is stored)", Flag | None),
     "metadata": ignored(OPENAI_SERVICE + " (tags for OpenAI's stored completions)", Metadata | None),
