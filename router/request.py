@@ -181,12 +181,17 @@ class PdRequest:
         reasoning_effort if the pair parses reasoning."""
         self.attempt += 1
         self.rids = add_pd_fields(self.body, prefill, self.checked.batch_size)
-        if (effort := self.checked.reasoning_effort) is not None:
-            if prefill.capabilities.reasoning_parser is None:
-                self.body.pop("reasoning_effort", None)  # no effect there
-            else:
-                self.body["reasoning_effort"] = effort
+        if (effort := self.reasoning_effort_for(prefill)) is not None:
+            self.body["reasoning_effort"] = effort
+        else:
+            self.body.pop("reasoning_effort", None)
         self.attempt_started = time.monotonic()
+
+    def reasoning_effort_for(self, worker: Worker) -> str | None:
+        """The reasoning_effort sent to a pair with `worker` (its two workers run the same reasoning parser:
+        check_for_pair): the client's where it runs one, else none (SGLang would make it the thinking switches, which
+        nothing there parses: no effect)."""
+        return self.checked.reasoning_effort if worker.capabilities.reasoning_parser is not None else None
 
 
 # --- the PD fields --------------------------------------------------------------------------------------------------
