@@ -43,7 +43,7 @@ from router.inventory.rules import (
     router,
 )
 
-REASONING_SPLIT = "true: the decode's reasoning parser splits the reasoning off (false asks for nothing)"
+REASONING_SPLIT = "true: split by the decode's parser"
 
 
 class _Strict(BaseModel):
@@ -145,8 +145,8 @@ MESSAGE: dict[str, Rule] = {
     "function_call": mapped("deprecated: sent as the assistant's one tool call, id function_call_1 in messages[1]",
                             CalledFunction, PairLimit.TOOL_PARSER),
     "refusal": mapped("sent as the content of an assistant's turn without one, else left out", StrictStr),
-    "reasoning_content": passed("an assistant's, as SGLang's reasoning parser answered it (its markers render it)",
-                                StrictStr, PairLimit.REASONING_PARSER),
+    "reasoning_content": passed("an assistant's, as SGLang's reasoning parser answered it", StrictStr,
+                                PairLimit.REASONING_PARSER),
     "annotations": ignored("an assistant's citations: no template renders them", list[dict[str, Any]]),
     "audio": refused("an audio answer OpenAI keeps by id: a text model has none; send its transcript as content"),
     "tools": refused("one model family's: use the request's tools"),
@@ -227,11 +227,9 @@ CHAT: dict[str, Rule] = {
                      Annotated[list[Tool], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
     "tool_choice": bounded("none, auto, required or a named function (of tools)", ToolChoice),
     "parallel_tool_calls": passed("", Flag),
-    "functions": mapped("deprecated: sent as tools (not with them); the answer's first call comes back as "
-                        "message.function_call, finish_reason function_call", Annotated[list[ToolFunction], Field(
-                            max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
-    "function_call": mapped("deprecated: sent as tool_choice (none, auto, or {name} of one of functions)",
-                            Literal["none", "auto"] | FunctionName),
+    "functions": mapped("deprecated tools; answered as function_call",
+                        Annotated[list[ToolFunction], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
+    "function_call": mapped("deprecated tool_choice", Literal["none", "auto"] | FunctionName),
     # Fields today's OpenAI clients send that SGLang does not know: accepted, and never sent on.
     "store": ignored(OPENAI_SERVICE + " (nothing is stored)", Flag | None),
     "metadata": ignored(OPENAI_SERVICE + " (tags for OpenAI's stored completions)", Metadata | None),
@@ -244,9 +242,8 @@ CHAT: dict[str, Rule] = {
     "chat_template_kwargs": bounded("only SGLang's reasoning switches, enable_thinking and thinking, as booleans: "
                                     "other values reached the template engine and failed there",
                                     ThinkingSwitches | None, PairLimit.REASONING_PARSER),
-    "reasoning_effort": bounded("none, minimal, low, medium or high: SGLang makes it the template's thinking switches "
-                                "(off for none)", Literal["none", "minimal", "low", "medium", "high"] | None,
-                                PairLimit.REASONING_EFFORT),
+    "reasoning_effort": bounded("none, minimal, low, medium or high",
+                                Literal["none", "minimal", "low", "medium", "high"] | None, PairLimit.REASONING_EFFORT),
     "thinking": refused(REASONING + "; it reaches the chat template"),
     "task": refused("a task tag of one model family's chat template"),
     "return_sampling_mask": refused("per-token sampling support: large answers the router does not merge",

@@ -31,8 +31,8 @@ class PairLimit(StrEnum):
     POSITION = "a prompt position < the pair's context length"
     # What both workers of the pair must run with (their registered capabilities), else a 400 naming it.
     TOOL_PARSER = "the same tool-call parser on both workers"
-    REASONING_PARSER = "the same reasoning parser on both workers"
-    REASONING_EFFORT = "the same reasoning parser on both workers, or none on both (then it is not sent: no effect)"
+    REASONING_PARSER = "one reasoning parser on both workers"
+    REASONING_EFFORT = "one reasoning parser on both workers, or none (then not sent)"
     DETERMINISTIC = "deterministic inference on both workers"
 
 
