@@ -32,7 +32,7 @@ class PairLimit(StrEnum):
     # What both workers of the pair must run with (their registered capabilities), else a 400 naming it.
     TOOL_PARSER = "the same tool-call parser on both workers"
     REASONING_PARSER = "one reasoning parser on both workers"
-    REASONING_EFFORT = "one reasoning parser on both workers, or none (then not sent)"
+    REASONING_EFFORT = "one reasoning parser on both workers, or none: then not sent"
     DETERMINISTIC = "deterministic inference on both workers"
 
 
