@@ -83,8 +83,9 @@ def assistant_fields(messages: list[dict[str, Any]]) -> None:
             message["tool_calls"] = [{"id": answered, "type": "function", "function": call}]
 
 
-def check_tool_use(body: dict[str, Any]) -> int:
-    """400 for tool calling that cannot work; the bytes the tools and the calls may add to the rendered prompt."""
+def check_tool_use(body: dict[str, Any], tools_field: str = "tools") -> int:
+    """400 for tool calling that cannot work; the bytes the tools and the calls may add to the rendered prompt.
+    `tools_field`: what the client named the tools (the deprecated `functions` are sent as tools)."""
     tools = body.get("tools") or []
     choice = body.get("tool_choice")
     if choice == "required" and not tools:
@@ -95,7 +96,7 @@ def check_tool_use(body: dict[str, Any]) -> int:
     added = 0
     if tools:
         # One grammar when tool_choice is required: all the schemas, as SGLang puts them in it.
-        grammar_schema([tool["function"].get("parameters") for tool in tools], "tools")
+        grammar_schema([tool["function"].get("parameters") for tool in tools], tools_field)
         added = 2 * len(orjson.dumps(tools)) + TOOLS_PREAMBLE
     for i, message in enumerate(body["messages"]):
         added += _message(message, f"messages[{i}].")
@@ -126,17 +127,31 @@ def _json_object(arguments: str, field: str) -> None:
         raise ApiError(400, f"{field}: must be a JSON object, as text", field)
 
 
+# Each parser a request may need on both workers of its pair: (what needs it, its name, its WorkerCapabilities field).
+_PARSERS = {PairLimit.TOOL_PARSER: ("tool calling", "tool-call parser", "tool_call_parser"),
+            PairLimit.REASONING_PARSER: ("reasoning", "reasoning parser", "reasoning_parser")}
+
+
 def check_pair_has(field: str, need: PairLimit, workers: tuple[tuple[str, WorkerCapabilities], ...]) -> None:
-    """Both workers run with what `field` needs: the same tool-call parser (each constrains the answer by it, the
-    prefill its first token; the decode reads the calls out of it), or deterministic inference (else seeds are moot)."""
-    if need is PairLimit.TOOL_PARSER:
-        lacking = " and the ".join(name for name, caps in workers if caps.tool_call_parser is None)
+    """Both workers run what `field` needs: the same tool-call parser (each constrains the answer by it, the prefill
+    its first token; the decode reads the calls out of it), the same reasoning parser (each renders the reasoning of
+    the history by its markers and switches thinking by it; the decode splits the answer by it; for reasoning_effort,
+    which SGLang makes the thinking switches, or none on both), or deterministic inference (else seeds are moot)."""
+    if need in _PARSERS:
+        what, parser, attribute = _PARSERS[need]
+        named = [(name, getattr(caps, attribute)) for name, caps in workers]
+        lacking = " and the ".join(name for name, found in named if found is None)
         if lacking or not workers:
-            raise ApiError(400, f"{field}: tool calling needs SGLang's tool-call parser (--tool-call-parser) on both "
+            raise ApiError(400, f"{field}: {what} needs SGLang's {parser} (--{parser.replace(' ', '-')}) on both "
                                 f"workers of the pair, and the {lacking or 'pair'} runs none", field)
-        if len({caps.tool_call_parser for _, caps in workers}) > 1:
-            raise ApiError(400, f"{field}: the pair's workers run different tool-call parsers (" + ", ".join(
-                f"{name}: {caps.tool_call_parser}" for name, caps in workers) + "); it needs the same on both", field)
+        if len({found for _, found in named}) > 1:
+            raise ApiError(400, f"{field}: the pair's workers run different {parser}s (" + ", ".join(
+                f"{name}: {found}" for name, found in named) + "); it needs the same on both", field)
+    elif need is PairLimit.REASONING_EFFORT:  # the same parser, or none on both (then it is not sent: no effect)
+        if len({caps.reasoning_parser for _, caps in workers}) > 1:
+            raise ApiError(400, f"{field}: the pair's workers run different reasoning parsers (" + ", ".join(
+                f"{name}: {caps.reasoning_parser or 'none'}" for name, caps in workers) + "); it needs the same on "
+                "both (or none on both, where it has no effect)", field)
     elif lacking := " and the ".join(name for name, caps in workers if not caps.deterministic_inference) or (
             "" if workers else "pair"):
         raise ApiError(400, f"{field}: this cluster's workers do not run SGLang's deterministic inference "

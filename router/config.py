@@ -50,15 +50,18 @@ class StaticWorker(BaseModel):
     # A prefill's largest forward pass in prompt tokens (SGLang's chunked_prefill_size; discovered workers register
     # it): how long its scheduler may be silent (router/liveness.py). Unknown: only this router's prompts count.
     forward_tokens: int | None = Field(default=None, ge=1)
-    # What its SGLang runs with (discovered workers register both): --tool-call-parser's name, for tool calling, and
-    # --enable-deterministic-inference, for seeds. Requests that need them are refused through a pair without them.
+    # What its SGLang runs with (discovered workers register these): --tool-call-parser's name, for tool calling,
+    # --reasoning-parser's, for the reasoning fields, and --enable-deterministic-inference, for seeds. Requests that
+    # need them are refused through a pair without them.
     tool_call_parser: str | None = Field(default=None, min_length=1, max_length=64)
+    reasoning_parser: str | None = Field(default=None, min_length=1, max_length=64)
     deterministic_inference: bool = False
 
     def worker(self, role: Role, index: int) -> Worker:
         url = str(self.url).rstrip("/")
         host = self.kv_bootstrap_host or urlparse(url).hostname
         capabilities = WorkerCapabilities(tool_call_parser=self.tool_call_parser,
+                                          reasoning_parser=self.reasoning_parser,
                                           deterministic_inference=self.deterministic_inference)
         return Worker(f"static-{role.value}-{index}", role, url, host if role is Role.PREFILL else None,
                       self.kv_bootstrap_port, vocab_size=self.vocab_size, context_length=self.context_length,

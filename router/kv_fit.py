@@ -40,6 +40,8 @@ async def count_prompt(client: UpstreamClient, decode: Worker, request: PdReques
     body = request.body
     if request.route == "/v1/chat/completions":
         ask = {"messages": body["messages"], **{k: body[k] for k in CHAT_KEYS if body.get(k) is not None}}
+        if (effort := request.reasoning_effort_for(decode)) is not None:  # as the attempt will send it
+            ask["reasoning_effort"] = effort
     else:
         ask = {"prompt": body["text"] if request.route == "/generate" else body["prompt"]}
     count = await _count(client, decode, ask, request.checked.prompt_field,

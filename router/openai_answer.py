@@ -1,5 +1,6 @@
 """An OpenAI answer as OpenAI types it, made once the answer is in (router/service.py): every whole answer's
-`metadata`, and the `text_offset` of /v1/completions' logprobs, whole or streamed (router/logprobs.py fills them).
+`metadata`, the `text_offset` of /v1/completions' logprobs, whole or streamed (router/logprobs.py fills them), and
+the answer to the deprecated `functions` as their clients read it (router/legacy_functions.py), whole or streamed.
 
 SGLang puts `metadata: {"weight_version": ..., "weight_versions": [...]}` in every whole chat and completions answer,
 where OpenAI's `metadata` is a map of strings: a strictly typed client fails to decode such an answer. The values
@@ -10,18 +11,22 @@ from __future__ import annotations
 import json  # as SGLang wrote the answer: logprobs may be -Infinity, which json reads and writes back, orjson not
 from typing import Any
 
-from router import logprobs
+from router import legacy_functions, logprobs
 from router.edge import Answer, StreamAnswer
 
 
-def shaped(answer: Answer | StreamAnswer, route: str, body: dict[str, Any]) -> Answer | StreamAnswer:
-    """The answer of an OpenAI route (`body`: the request's) as the client gets it."""
+def shaped(answer: Answer | StreamAnswer, route: str, body: dict[str, Any],
+           legacy: bool = False) -> Answer | StreamAnswer:
+    """The answer of an OpenAI route (`body`: the request's; `legacy`: a chat that gave `functions`) as the client
+    gets it."""
     offsets = route == "/v1/completions" and body.get("logprobs") is not None
     if isinstance(answer, StreamAnswer):
         if offsets:
             answer.chunks = logprobs.stream_text_offsets(answer.chunks)
-    elif offsets or b'"metadata"' in answer.body:
-        answer.body = whole(answer.body, offsets)
+        if legacy:
+            answer.chunks = legacy_functions.stream(answer.chunks)
+    elif offsets or legacy or b'"metadata"' in answer.body:
+        answer.body = whole(answer.body, offsets, legacy)
     return answer
 
 
@@ -30,13 +35,15 @@ def typed_metadata(payload: bytes) -> bytes:
     return whole(payload, offsets=False)
 
 
-def whole(payload: bytes, offsets: bool) -> bytes:
-    """A whole answer with its metadata typed and (`offsets`) its text offsets filled; unchanged, the same bytes."""
+def whole(payload: bytes, offsets: bool, legacy: bool = False) -> bytes:
+    """A whole answer with its metadata typed, (`offsets`) its text offsets filled and (`legacy`) its calls written
+    the legacy way; unchanged, the same bytes."""
     try:
         answer: Any = json.loads(payload)
     except ValueError:
         return payload
     changed = offsets and logprobs.fill_text_offsets(answer, {})
+    changed = (legacy and legacy_functions.whole(answer)) or changed
     metadata = answer.get("metadata") if isinstance(answer, dict) else None
     if isinstance(metadata, dict) and not all(isinstance(v, str) for v in metadata.values()):
         answer["metadata"] = {str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))

@@ -109,10 +109,14 @@ class Checked:
     # before dispatch (router/kv_fit.py's refuse_empty_texts); a 0-token one is refused. Empty for
     # every ordinary request.
     may_vanish: tuple[tuple[str, str], ...] = ()
-    # (field, need) of what both workers of the pair must run with (PairLimit.TOOL_PARSER, DETERMINISTIC): the first
-    # field that needs each, named in the 400 of a pair without it.
+    # (field, need) of what both workers of the pair must run with (PairLimit.TOOL_PARSER, REASONING_PARSER,
+    # DETERMINISTIC): the first field that needs each, named in the 400 of a pair without it.
     needs: tuple[tuple[str, PairLimit], ...] = ()
     choices: int = 1  # an OpenAI request's `n`: more than 1 is a request per choice (router/fanout.py)
+    # A chat's reasoning_effort, out of the body: SGLang makes it the template's thinking switches, which only a pair
+    # that runs a reasoning parser parses (the same on both: check_for_pair), so each attempt sends it only to such.
+    reasoning_effort: str | None = None
+    legacy_functions: bool = False  # a chat that gave the deprecated `functions`: answered the legacy way
 
     @property
     def hint(self) -> str:
@@ -173,10 +177,21 @@ class PdRequest:
         return self._hint
 
     def start_attempt(self, prefill: Worker) -> None:
-        """A new attempt on a pair whose prefill is `prefill`: its PD fields and fresh rids go into the body."""
+        """A new attempt on a pair whose prefill is `prefill`: its PD fields and fresh rids go into the body, and the
+        reasoning_effort if the pair parses reasoning."""
         self.attempt += 1
         self.rids = add_pd_fields(self.body, prefill, self.checked.batch_size)
+        if (effort := self.reasoning_effort_for(prefill)) is not None:
+            self.body["reasoning_effort"] = effort
+        else:
+            self.body.pop("reasoning_effort", None)
         self.attempt_started = time.monotonic()
+
+    def reasoning_effort_for(self, worker: Worker) -> str | None:
+        """The reasoning_effort sent to a pair with `worker` (its two workers run the same reasoning parser:
+        check_for_pair): the client's where it runs one, else none (SGLang would make it the thinking switches, which
+        nothing there parses: no effect)."""
+        return self.checked.reasoning_effort if worker.capabilities.reasoning_parser is not None else None
 
 
 # --- the PD fields --------------------------------------------------------------------------------------------------

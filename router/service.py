@@ -143,4 +143,5 @@ class PdService:
                 answer.headers["x-pdcluster-decode"] = decode.worker_id
                 if request.predicted_cached is not None:  # the KV index chose the prefill: what it expected there
                     answer.headers["x-pdcluster-cached-tokens-predicted"] = str(request.predicted_cached)
-            return answer if route == "/generate" else openai_answer.shaped(answer, route, request.body)
+            return answer if route == "/generate" else openai_answer.shaped(answer, route, request.body,
+                                                                            request.checked.legacy_functions)

@@ -21,6 +21,7 @@ from router.chat_checks import assistant_fields, check_tool_use, empty_content_n
 from router.inventory.native import GENERATE, SAMPLING
 from router.inventory.openai import CHAT, COMPLETION, MESSAGE
 from router.inventory.rules import MAX_BATCH, Decision, PairLimit, Rule
+from router.legacy_functions import translate
 from router.request import (
     CHARS_PER_TOKEN,
     TEMPLATE_TOKENS,
@@ -33,7 +34,8 @@ from router.request import (
 
 LIMITS_DOC = "docs/limits.md"
 REQUIRED = frozenset({"messages", "prompt", "role"})  # and a message's content, but in tool calling's (chat_checks.py)
-NEEDS = (PairLimit.TOOL_PARSER, PairLimit.DETERMINISTIC)  # what both workers of the pair must run with
+# What both workers of the pair must run with (router/chat_checks.py's check_pair_has).
+NEEDS = (PairLimit.TOOL_PARSER, PairLimit.REASONING_PARSER, PairLimit.REASONING_EFFORT, PairLimit.DETERMINISTIC)
 _TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION}
 
 
@@ -107,7 +109,7 @@ class _PairChecks:
             if rule.pair is None or value is None or key in skip:
                 continue
             if rule.pair in NEEDS:
-                if value != []:  # `tools: []` asks for nothing
+                if _asks(value):
                     self.needs.setdefault(rule.pair, f"{where}{key}")
             elif rule.pair is PairLimit.TOKEN_IDS:
                 ids = [int(k) for k in value] if isinstance(value, dict) else value
@@ -117,6 +119,14 @@ class _PairChecks:
 
     def pair_needs(self) -> tuple[tuple[str, PairLimit], ...]:
         return tuple((field, need) for need, field in self.needs.items())
+
+
+def _asks(value: Any) -> bool:
+    """Whether a value asks for what its field needs of the pair: `tools: []`, a flag false (`separate_reasoning`) and
+    switches all null (`chat_template_kwargs: {}`) ask for nothing."""
+    if value is False or value == []:
+        return False
+    return any(v is not None for v in value.values()) if isinstance(value, dict) else True
 
 
 def _batch_of(values: list, field: str, batch_size: int | None) -> None:
@@ -239,7 +249,9 @@ def check_chat(body: dict[str, Any]) -> Checked:
         checks.gather(MESSAGE, message, f"messages[{i}].")
     assistant_fields(body["messages"])
     response_format_schema(body.get("response_format"))
-    tool_bytes = check_tool_use(body)
+    legacy = translate(body)  # the deprecated functions, function_call: as tools, tool_choice
+    tool_bytes = check_tool_use(body, "functions" if legacy else "tools")
+    effort = body.pop("reasoning_effort", None)  # sent by each attempt, if its pair parses reasoning (PdRequest)
     rid = body.get("rid")
     if isinstance(rid, list):
         raise ApiError(400, "rid: a chat request takes one id", "rid")
@@ -250,5 +262,5 @@ def check_chat(body: dict[str, Any]) -> Checked:
         rid, None), id_fields=tuple(checks.id_fields), counts=tuple(checks.counts),
         prompt_tokens=text_tokens(texts) + TEMPLATE_TOKENS * len(body["messages"]) + tool_bytes // CHARS_PER_TOKEN,
         longest_prompt=chat_bound(texts, len(body["messages"])) + tool_bytes, prompt_field="messages",
-        needs=checks.pair_needs(), choices=body.get("n") or 1)
+        needs=checks.pair_needs(), choices=body.get("n") or 1, reasoning_effort=effort, legacy_functions=legacy)
 

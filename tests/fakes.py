@@ -41,6 +41,9 @@ class Behaviour:
     tokens: list[str] | None = None
     text: str | None = None
     reasoning: list[str] | None = None  # chat: what a reasoning parser split off, streamed before the tokens
+    # chat: the (name, arguments) of each call a tool-call parser read out of the answer, as SGLang answers them (then
+    # no tokens, finish_reason tool_calls); streamed as SGLang streams them, each call's arguments in two pieces.
+    tool_calls: list[tuple[str, str]] | None = None
     prompt_tokens: int = 5
     cached_tokens: int | None = None
     per_request: dict[int, Behaviour] = field(default_factory=dict)  # the Nth request (from 1) behaves so instead
@@ -136,6 +139,11 @@ class FakeWorker:
         if b.first_chunk_delay:
             await asyncio.sleep(b.first_chunk_delay)
         tokens = b.tokens or ["x"] * b.chunks
+        if b.tool_calls and path == "/v1/chat/completions":
+            for event in tool_call_chunks(b, body):
+                yield f"data: {json.dumps(event)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+            return
         for piece in b.reasoning if path == "/v1/chat/completions" and b.reasoning else []:
             event = {**_head(body, path, chunk=True), "choices": [{"index": 0, "delta": {
                 "role": "assistant", "content": None, "reasoning_content": piece}, "finish_reason": None}]}
@@ -206,6 +214,11 @@ def openai_answer(b: Behaviour, body: dict, path: str) -> dict:
             choice["message"] = {"role": "assistant", "content": text}
             if b.reasoning:
                 choice["message"]["reasoning_content"] = "".join(b.reasoning)
+            if b.tool_calls:
+                choice["message"] = {"role": "assistant", "content": None, "reasoning_content": None, "tool_calls": [
+                    {"id": f"call_{i}", "index": i, "type": "function", "function": {"name": name, "arguments": args}}
+                    for i, (name, args) in enumerate(b.tool_calls)]}
+                choice["finish_reason"] = "tool_calls"
         else:
             choice["text"] = text
         choices.append(choice)
@@ -225,6 +238,29 @@ def openai_chunk(b: Behaviour, body: dict, path: str, tokens: list[str], i: int)
     else:
         choice["text"] = text
     return {**_head(body, path, chunk=True), "choices": [choice]}
+
+
+def tool_call_chunks(b: Behaviour, body: dict) -> list[dict]:
+    """A stream of tool calls as SGLang 0.5.23 writes it: every delta has all four fields (null where unset); a call's
+    first delta its id and name, the next ones its arguments; a last event with finish_reason tool_calls, then usage."""
+    def event(finish_reason: str | None = None, **delta) -> dict:
+        return {**_head(body, "/v1/chat/completions", chunk=True), "choices": [{"index": 0, "logprobs": None, "delta": {
+            "role": None, "content": None, "reasoning_content": None, "tool_calls": None, **delta},
+            "finish_reason": finish_reason}]}
+
+    events = [event(role="assistant", content="")]
+    for i, (name, args) in enumerate(b.tool_calls or []):
+        half = len(args) // 2
+        events.append(event(tool_calls=[{"id": f"call_{i}", "index": i, "type": "function",
+                                         "function": {"name": name, "arguments": ""}}]))
+        events += [event(tool_calls=[{"id": None, "index": i, "type": "function",
+                                      "function": {"name": None, "arguments": piece}}]) for piece in (
+            args[:half], args[half:])]
+    events.append(event("tool_calls"))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append({**_head(body, "/v1/chat/completions", chunk=True), "choices": [],
+                       "usage": _usage(b, 2 * len(b.tool_calls or []))})
+    return events
 
 
 class ServerThread:

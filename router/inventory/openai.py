@@ -43,7 +43,7 @@ from router.inventory.rules import (
     router,
 )
 
-REASONING_PARSER = "acts only where the decode runs a reasoning parser"
+REASONING_SPLIT = "true: split by the decode's parser"
 
 
 class _Strict(BaseModel):
@@ -145,7 +145,8 @@ MESSAGE: dict[str, Rule] = {
     "function_call": mapped("deprecated: sent as the assistant's one tool call, id function_call_1 in messages[1]",
                             CalledFunction, PairLimit.TOOL_PARSER),
     "refusal": mapped("sent as the content of an assistant's turn without one, else left out", StrictStr),
-    "reasoning_content": passed("an assistant's, as SGLang's reasoning parser answered it", StrictStr),
+    "reasoning_content": passed("an assistant's, as SGLang's reasoning parser answered it", StrictStr,
+                                PairLimit.REASONING_PARSER),
     "annotations": ignored("an assistant's citations: no template renders them", list[dict[str, Any]]),
     "audio": refused("an audio answer OpenAI keeps by id: a text model has none; send its transcript as content"),
     "tools": refused("one model family's: use the request's tools"),
@@ -220,12 +221,15 @@ CHAT: dict[str, Rule] = {
     "return_meta_info": passed("", Flag),
     "return_input_ids_in_sglext": passed("", Flag),
     "return_output_ids_in_sglext": passed("", Flag),
-    "separate_reasoning": passed(REASONING_PARSER, Flag),
-    "stream_reasoning": passed(REASONING_PARSER, Flag),
+    "separate_reasoning": passed(REASONING_SPLIT, Flag, PairLimit.REASONING_PARSER),
+    "stream_reasoning": passed(REASONING_SPLIT, Flag, PairLimit.REASONING_PARSER),
     "tools": bounded(f"at most {MAX_TOOLS} functions; their parameters schemas together are a grammar",
                      Annotated[list[Tool], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
     "tool_choice": bounded("none, auto, required or a named function (of tools)", ToolChoice),
     "parallel_tool_calls": passed("", Flag),
+    "functions": mapped("deprecated tools; answered as function_call",
+                        Annotated[list[ToolFunction], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
+    "function_call": mapped("deprecated tool_choice", Literal["none", "auto"] | FunctionName),
     # Fields today's OpenAI clients send that SGLang does not know: accepted, and never sent on.
     "store": ignored(OPENAI_SERVICE + " (nothing is stored)", Flag | None),
     "metadata": ignored(OPENAI_SERVICE + " (tags for OpenAI's stored completions)", Metadata | None),
@@ -237,8 +241,9 @@ CHAT: dict[str, Rule] = {
     "verbosity": ignored("a setting of OpenAI's reasoning models", Literal["low", "medium", "high"] | None),
     "chat_template_kwargs": bounded("only SGLang's reasoning switches, enable_thinking and thinking, as booleans: "
                                     "other values reached the template engine and failed there",
-                                    ThinkingSwitches | None),
-    "reasoning_effort": refused(REASONING + "; it reaches the chat template"),
+                                    ThinkingSwitches | None, PairLimit.REASONING_PARSER),
+    "reasoning_effort": bounded("none, minimal, low, medium or high",
+                                Literal["none", "minimal", "low", "medium", "high"] | None, PairLimit.REASONING_EFFORT),
     "thinking": refused(REASONING + "; it reaches the chat template"),
     "task": refused("a task tag of one model family's chat template"),
     "return_sampling_mask": refused("per-token sampling support: large answers the router does not merge",

@@ -31,6 +31,8 @@ class PairLimit(StrEnum):
     POSITION = "a prompt position < the pair's context length"
     # What both workers of the pair must run with (their registered capabilities), else a 400 naming it.
     TOOL_PARSER = "the same tool-call parser on both workers"
+    REASONING_PARSER = "one reasoning parser on both workers"
+    REASONING_EFFORT = "one reasoning parser on both workers, or none: then not sent"
     DETERMINISTIC = "deterministic inference on both workers"
 
 
@@ -57,8 +59,8 @@ class Rule:
         return self.default is not None and type(value) is type(self.default) and value == self.default
 
 
-def passed(reason: str, type_: Any) -> Rule:
-    return Rule(Decision.PASSED, reason, type_)
+def passed(reason: str, type_: Any, pair: PairLimit | None = None) -> Rule:
+    return Rule(Decision.PASSED, reason, type_, pair)
 
 
 def bounded(reason: str, type_: Any, pair: PairLimit | None = None) -> Rule:

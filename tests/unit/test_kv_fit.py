@@ -110,3 +110,19 @@ def test_a_decode_that_cannot_count_the_prompt_is_a_503_naming_the_field(only_sm
         assert response.status_code == 400 and response.json()["error"]["param"] == "text"
     finally:
         small.tokenize_status = 200
+
+
+@pytest.mark.parametrize("parser", [None, "qwen3"])
+def test_a_counted_chat_is_rendered_with_the_reasoning_effort_its_pair_is_sent(parser):
+    """SGLang renders reasoning_effort into the template (as its thinking switches): the decode counts the prompt as
+    the attempt will send it, which is with the effort only where the pair runs a reasoning parser."""
+    body = {"messages": [{"role": "user", "content": "y" * 1500}], "reasoning_effort": "none"}
+    capabilities = {"capabilities": {"reasoning_parser": parser}}
+    small = FakeWorker()
+    with discovered({"p": FakeWorker(), "d-small": small}, {"p": "prefill", "d-small": "decode"},
+                    extra={"p": LIMITS | capabilities, "d-small": SMALL | capabilities}) as (_, _urls, router):
+        answer = httpx.post(f"{router}/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    sent = {"reasoning_effort": "none"} if parser else {}
+    assert small.tokenized == [{"messages": body["messages"]} | sent]
+    assert {k: v for k, v in small.received[0].items() if k == "reasoning_effort"} == sent
