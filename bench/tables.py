@@ -257,7 +257,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "router": router,
     "router-history": router_history,
     "persistence-llama-small": lambda: persistence("persistence-llama-small.json"),
-    "persistence-smollm2-sealed": lambda: persistence("persistence-smollm2-sealed.json"),
+    "persistence-smollm2-sealed-8k": lambda: persistence("persistence-smollm2-sealed-8k.json"),
     "pd": lambda: pd("pd.json"),
     "pd-verdicts": pd_verdicts,
     "pd-fcfs": lambda: pd("pd-fcfs.json", cells=False),
