@@ -17,6 +17,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from pdcluster.http_server import JsonErrorHttpTools
 from tests.helpers import free_port, until
 
 
@@ -264,12 +265,13 @@ def tool_call_chunks(b: Behaviour, body: dict) -> list[dict]:
 
 
 class ServerThread:
-    """Run an ASGI app with uvicorn on a loopback port in a background thread."""
+    """Run an ASGI app with uvicorn on a loopback port in a background thread, with the HTTP protocol our servers run
+    (router/processes.py): a request its parser refuses is a JSON 400 there too, as the contract tests expect."""
 
     def __init__(self, app, port: int | None = None):
         self.port = port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
-                                                    lifespan="on"))
+                                                    lifespan="on", http=JsonErrorHttpTools))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema
 
 
 class Decision(StrEnum):
@@ -100,6 +100,16 @@ MAX_TEMPERATURE = 100.0  # far above any useful value: sampling is uniform long 
 INT32 = 2**31 - 1
 
 Flag = StrictBool
+
+
+def _false(value: bool) -> bool:
+    if value:
+        raise ValueError("only false is accepted")
+    return value
+
+
+# A field served only at false. Not Literal[False]: pydantic matches literals by equality, so it took 0 and 0.0.
+OnlyFalse = Annotated[StrictBool, AfterValidator(_false), WithJsonSchema({"type": "boolean", "const": False})]
 Text = Annotated[StrictStr, Field(min_length=1)]  # SGLang makes an empty prompt of "" with a tokenizer without BOS
 Name = Annotated[StrictStr, Field(max_length=MAX_NAME_CHARS)]
 Count = Annotated[StrictInt, Field(ge=0, le=INT32)]  # and <= the pair's context length (PairLimit.TOKENS)

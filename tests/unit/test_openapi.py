@@ -4,6 +4,7 @@ test_schema_fuzz.py)."""
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
 
 import httpx
@@ -26,7 +27,8 @@ from router.inventory import TABLES, Decision
 from tests.fakes import FakeWorker, ServerThread
 
 PD_ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions"]
-EXAMPLES = 60  # per route and mode: seconds each against fakes (the real fuzz run has its own budget)
+EXAMPLES = int(os.environ.get("PDCLUSTER_OPENAPI_EXAMPLES", "60"))  # per route and mode: seconds against fakes; more
+# to hunt (the real fuzz run, tests/e2e_smollm2/test_schema_fuzz.py, has its own budget)
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,10 @@ def test_valid_generate_bodies_pass_and_report_batches():
         (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
         (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "rid": 7}, "rid"),
         (check_completion, {"model": "m", "prompt": [[1], "a"]}, "prompt[1]"),
+        # A fuzzer's find: echo 0 equals false, but it is no boolean (the schema says so).
+        (check_completion, {"model": "m", "prompt": "a", "echo": 0}, "echo"),
+        (check_completion, {"model": "m", "prompt": "a", "echo": 0.0}, "echo"),
+        (check_completion, {"model": "m", "prompt": "a", "echo": True}, "echo"),
     ],
 )
 def test_bad_openai_bodies_get_400_naming_the_field(check, body, param):
