@@ -12,7 +12,6 @@ halves aborted: failures.halves_to_abort); a second `end()` does nothing, so any
 from __future__ import annotations
 
 import asyncio
-import json  # for the error event only (a rare path)
 import logging
 import time
 from collections.abc import AsyncGenerator, Iterable
@@ -161,18 +160,19 @@ class Attempt:
     async def _relay(self, response: UpstreamResponse, prefill_half: PrefillHalf) -> AsyncGenerator[bytes, None]:
         """The decode's SSE stream, chunk by chunk; an error event if either half fails or a deadline passes."""
         request, metrics = self.request, self.d.metrics
-        first, last = True, b""
+        first_at, events, last = 0.0, 0, b""
         chunks = response.iter_chunks()
         try:
             async for chunk in chunks if not request.merge_logprobs else logprobs.sse_events(chunks):
-                if first:
+                if not first_at:
+                    first_at = time.monotonic()
                     if self.first_token_timer is not None:
                         self.first_token_timer.cancel()
                     if request.timed:  # else a fan-out's choice: the fan-out times its merged stream
-                        metrics.ttft.labels(request.route).observe(time.monotonic() - request.attempt_started)
+                        metrics.ttft.labels(request.route).observe(first_at - request.attempt_started)
                     if request.merge_logprobs:
                         chunk = logprobs.merge_first_event(chunk, logprobs.prefill_answer(await prefill_half.answer()))
-                    first = False
+                events += chunk.count(b"\n\n")  # an event's end: JSON strings escape their newlines
                 if b"cached_tokens" in chunk:
                     last = chunk
                 elif b'"error"' in chunk:  # a worker's error event: its reason in the router's shape, cleaned
@@ -181,6 +181,7 @@ class Attempt:
                 if chunk.endswith(b"data: [DONE]\n\n"):  # the last event: whole, even if the client goes now
                     break
             metrics.count_cached(last, stream=True, predicted=request.predicted_cached)
+            metrics.stream_ended(request.route if request.timed else None, first_at, events)
             self.end(AttemptState.DELIVERED)
         except HALF_ERRORS as exc:
             failure = failures.as_failure(self.decode, exc)
@@ -189,13 +190,12 @@ class Attempt:
             log.warning("stream broke", extra={"request_id": request.request_id, "rids": request.rids,
                                                "error": failure.message, "detail": failure.detail})
             metrics.stream_errors.labels(request.route).inc()
-            yield f"data: {json.dumps(error_body(failure.status, failure.message))}\n\n".encode()
+            yield b"data: " + orjson.dumps(error_body(failure.status, failure.message)) + b"\n\n"
         finally:
             self.end(AttemptState.CLIENT_GONE)  # the relay was cancelled or closed: a no-op after the above
 
     def _arm_deadlines(self, response: UpstreamResponse) -> None:
-        """total_timeout and first_token_timeout end a stream with a DeadlinePassed (the relay's error event), made
-        only when one passes: most streams end before either."""
+        """total_timeout and first_token_timeout end a stream with a DeadlinePassed (made only if one passes)."""
         loop, config, request = asyncio.get_running_loop(), self.d.config, self.request
         self.total_timer = loop.call_later(max(0.0, request.deadline - time.monotonic()), lambda: response.interrupt(
             DeadlinePassed(self.decode, f"request took longer than total_timeout ({config.total_timeout}s)")))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -25,6 +26,7 @@ from prometheus_client.registry import Collector
 from router.workers import WorkerPool
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 # Predicted less actual cached tokens: signed, so that a stale index (over 0) and a lagging one (under 0) show apart.
 MISS_BUCKETS = (-4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096)
@@ -81,6 +83,10 @@ class RouterMetrics:
                                                ["route"], registry=r))
         self.ttft = _Labelled(Histogram("pdcluster_router_ttft_seconds", "Time to the first streamed chunk",
                                         ["route"], buckets=LATENCY_BUCKETS, registry=r))
+        self.itl = _Labelled(Histogram(
+            "pdcluster_router_itl_seconds", "Per streamed answer, the mean time between its events after the first "
+            "(SGLang sends one per stream_interval tokens, 1 by default: the inter-token latency a client sees)",
+            ["route"], buckets=ITL_BUCKETS, registry=r))
         self.latency = _Labelled(Histogram("pdcluster_router_request_duration_seconds", "End-to-end request latency",
                                            ["route"], buckets=LATENCY_BUCKETS, registry=r))
         self.retries = _Labelled(Counter("pdcluster_router_retries", "Requests retried on a new pair", ["route"],
@@ -154,6 +160,13 @@ class RouterMetrics:
             self.prediction.labels("predicted").inc(predicted)
             self.prediction.labels("actual").inc(found["total"])
             self.prediction_miss.observe(predicted - found["total"])
+
+    def stream_ended(self, route: str | None, first_at: float, events: int) -> None:
+        """A delivered stream whose first event came at `first_at` (monotonic) and that sent `events` events, its
+        closing `[DONE]` one of them: one observation per answer (not per event: the relay's path stays cheap).
+        `route` None: a fan-out's choice, whose merged stream is timed by the fan-out."""
+        if route is not None and events > 2:
+            self.itl.labels(route).observe((time.monotonic() - first_at) / (events - 2))
 
     def sample_pool(self) -> None:
         """Multiprocess mode: write this process's view of its workers where the other processes can read it."""

@@ -1,6 +1,6 @@
 """A real Prometheus (Debian's `prometheus`, installed by `make setup`) scraping the shared cluster's router and every
 worker each second, and the operator's queries (the Grafana dashboard's, deploy/grafana/pdcluster.json) answered
-from what it scraped: the request count is what was sent, TTFT percentiles are positive, every target is up."""
+from what it scraped: the request count is what was sent, TTFT and ITL per route are there, every target is up."""
 
 from __future__ import annotations
 
@@ -82,6 +82,10 @@ def streamed_timed(prometheus: httpx.Client) -> float:
     return value(prometheus, f'sum(pdcluster_router_ttft_seconds_count{{route="{ROUTE}"}})') or 0.0
 
 
+def streamed_itl(prometheus: httpx.Client) -> float:
+    return value(prometheus, f'sum(pdcluster_router_itl_seconds_count{{route="{ROUTE}"}})') or 0.0
+
+
 def sglang_ttft(prometheus: httpx.Client) -> float:
     return value(prometheus, 'sum(sglang:time_to_first_token_seconds_count{job="decode"})') or 0.0
 
@@ -100,7 +104,8 @@ def _unix(rfc3339: str) -> float:
 def test_the_operators_queries_answer_from_a_real_prometheus(cluster, router, prometheus):
     started = time.time()  # once: a moment taken anew at each try would always be after the last scrape
     assert until(lambda: scraped_after(prometheus, started), 30, 0.5)
-    before, streamed_before = requests_counted(prometheus), streamed_timed(prometheus)
+    before, streamed_before, itl_before = requests_counted(prometheus), streamed_timed(prometheus), streamed_itl(
+        prometheus)
     sglang_before = sglang_ttft(prometheus)
     for i in range(SENT):
         body = {"prompt": f"Count to {i}:", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
@@ -116,6 +121,11 @@ def test_the_operators_queries_answer_from_a_real_prometheus(cluster, router, pr
     assert len(up) == 1 + len(WORKERS) and all(r["value"][1] == "1" for r in up), up
     # Streamed requests were timed to their first token by the router: as many as were streamed, in the scrape.
     assert streamed_timed(prometheus) - streamed_before == (SENT + 1) // 2
+    # ... and each timed its gaps between tokens, once: the operator's ITL per route answers, between 0 and a second.
+    assert streamed_itl(prometheus) - itl_before == (SENT + 1) // 2
+    buckets = f'pdcluster_router_itl_seconds_bucket{{route="{ROUTE}"}}'
+    p95 = value(prometheus, f"histogram_quantile(0.95, sum by (le) ({buckets}))")
+    assert p95 is not None and 0 < p95 <= 1, p95
     # SGLang's own series, under the names it documents: the decodes timed every request's first token (its HTTP
     # process's series, which reach /metrics only through the launcher's metrics directory), and every worker's
     # scheduler reports its running requests.

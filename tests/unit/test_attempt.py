@@ -101,6 +101,15 @@ def test_delivered_a_stream_gives_back_everything_and_aborts_nothing():
     assert rig.metric("pdcluster_router_stream_errors_total", route="/generate") == 0
 
 
+def test_a_delivered_stream_reports_its_inter_token_latency_once():
+    """The mean gap between its events after the first: 4 events 0.1 s apart give one observation of about 0.1 s."""
+    prefill, decode = FakeWorker(), FakeWorker(Behaviour(chunks=5, chunk_delay=0.1))
+    attempt, _chunks, rig = attempt_on(prefill, decode, STREAM, relay)
+    assert attempt.outcome.ending is AttemptState.DELIVERED
+    assert rig.metric("pdcluster_router_itl_seconds_count", route="/generate") == 1
+    assert 0.09 <= rig.metric("pdcluster_router_itl_seconds_sum", route="/generate") < 0.5
+
+
 def test_delivered_a_whole_answer():
     prefill, decode = FakeWorker(), FakeWorker(Behaviour(chunks=4))
 

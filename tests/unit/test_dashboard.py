@@ -57,7 +57,8 @@ def test_every_metric_the_dashboard_and_scrape_config_name_exists():
 
 def test_the_dashboard_has_the_operators_panels_and_the_scrape_config_every_role():
     exprs = " ".join(expressions())
-    for needed in ("pdcluster_router_ttft_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
+    for needed in ("pdcluster_router_ttft_seconds_bucket", "pdcluster_router_itl_seconds_bucket",
+                   "sglang:inter_token_latency_seconds_bucket",
                    "sglang:kv_transfer_latency_ms_bucket", "pdcluster_router_cached_prompt_tokens_total",
                    "pdcluster_router_worker_healthy"):
         assert needed in exprs, needed
