@@ -76,6 +76,8 @@ def _cpu_env(cluster: ClusterSettings, role_cpu_env: dict[str, str], env: dict[s
     added["PDCLUSTER_CPU_TRANSFER_RACE"] = "1"
     # pdcluster/cpu_fork (an SGLang plugin): SGLang's processes forked, not spawned (no second import of SGLang)
     added["PDCLUSTER_CPU_FORK"] = "1"
+    # pdcluster/cpu_idle_yield (an SGLang plugin): a scheduler waiting on a hand-off leaves the cores to the other's
+    added["PDCLUSTER_CPU_IDLE_YIELD"] = "1"
     return added
 
 
