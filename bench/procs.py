@@ -158,16 +158,19 @@ def start_ours(name: str, log_dir: Path, prefills: list[Worker], decodes: list[W
     return start(name, [sys.executable, "-m", "router", "--config", str(path)], log_dir, port, env)
 
 
-def start_sglang(log_dir: Path, prefill: Worker, decode: Worker) -> Proc:
-    """SGLang's Rust router in PD mode over one prefill (with its KV bootstrap port) and one decode."""
+def start_sglang(log_dir: Path, prefill: Worker | list[Worker], decode: Worker, policy: str = "round_robin",
+                 name: str = "router_sglang") -> Proc:
+    """SGLang's Rust router in PD mode over prefills (each with its KV bootstrap port) and one decode; `policy` for
+    its prefills (its decodes: round robin)."""
     port = free_port()
+    prefills = prefill if isinstance(prefill, list) else [prefill]
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-            "--prefill", prefill.url, str(prefill.kv_bootstrap_port), "--decode", decode.url,
-            "--host", HOST, "--port", str(port), "--policy", "round_robin",
+            *[arg for p in prefills for arg in ("--prefill", p.url, str(p.kv_bootstrap_port))], "--decode", decode.url,
+            "--host", HOST, "--port", str(port), "--prefill-policy", policy, "--decode-policy", "round_robin",
             "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
             "--log-level", "warn", "--shutdown-grace-period-secs", "1"]
-    # HF_HUB_OFFLINE: belt and braces; the fakes report no model path, so it has no tokenizer to fetch anyway.
-    return start("router_sglang", argv, log_dir, port, env={"HF_HUB_OFFLINE": "1", "RUST_LOG_STYLE": "never"})
+    # HF_HUB_OFFLINE: belt and braces; it is given no model path, so it has no tokenizer to fetch anyway.
+    return start(name, argv, log_dir, port, env={"HF_HUB_OFFLINE": "1", "RUST_LOG_STYLE": "never"})
 
 
 def fake_generate_count(proc: Proc) -> int:

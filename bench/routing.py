@@ -1,11 +1,12 @@
-"""`python -m bench.routing` (`make bench-routing`): the prefill policies side by side on real SGLang. One cluster
-(2 prefills, 1 decode; SmolLM2 by default), one router of ours per policy (round_robin, prefix, cache_aware) over
-the same registered workers, and a multi-tenant workload (bench/routing_report.py: a few tenants, each a long
-system prompt with Zipf popularity, short questions) sent to each router in turn, the order rotating per repeat,
-every worker's cache flushed before each run. Each request streams from /generate (TTFT: its first event; cached
-tokens: its last event's meta_info). Scored against the oracle (the best prefill in hindsight), TTFT percentiles with
-their spread over repeats. Writes bench/results/routing[-<model>][-quick].json and .png. `--dry-run`: the workload
-and its oracle only, nothing started. Hold `flock /tmp/pdcluster-cluster.lock` (the Makefile target does).
+"""`python -m bench.routing` (`make bench-routing`): the prefill policies side by side on real SGLang. One cluster (2
+prefills, 1 decode; SmolLM2 by default), one router of ours per policy (round_robin, prefix, cache_aware) over the
+same registered workers and SGLang's own router (sglang-router, its cache_aware prefill policy) over them too, and a
+multi-tenant workload (bench/routing_report.py: a few tenants, each a long system prompt with Zipf popularity, short
+questions) sent to each router in turn, the order rotating per repeat, every worker's cache flushed before each run.
+Each request streams from /generate (TTFT: its first event; cached tokens: its last event's meta_info). Scored
+against the oracle (the best prefill in hindsight), TTFT percentiles with their spread over repeats. Writes
+bench/results/routing[-<model>][-quick].json and .png. `--dry-run`: the workload and its oracle only, nothing
+started. Hold `flock /tmp/pdcluster-cluster.lock` (the Makefile target does).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import httpx
 
 from bench import cluster_targets as targets
 from bench import procs, report, routing_report
-from bench.routing_report import POLICIES, Shape
+from bench.routing_report import OURS, POLICIES, SGLANG, Shape
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONCURRENCY = 4  # requests in flight: more than one prefill keeps busy, so a policy's balance counts too
@@ -108,7 +109,9 @@ def run_all(args, log_dir: Path, log) -> tuple[list[dict], dict]:
     try:
         cluster.wait_ready()
         settings = {"bootstrap_url": cluster.spec.bootstrap_url, "expose_worker_ids": True}
-        routers = {p: procs.start_ours(f"router-{p}", log_dir, [], [], p, settings=settings) for p in POLICIES}
+        routers = {p: procs.start_ours(f"router-{p}", log_dir, [], [], p, settings=settings) for p in OURS}
+        routers[SGLANG] = procs.start_sglang(log_dir, targets.workers(cluster, "prefill"),
+                                             targets.workers(cluster, "decode")[0], "cache_aware", SGLANG)
         for router in routers.values():
             targets.wait_generates(router, 300)
         flush = [w.url for w in targets.workers(cluster, "prefill") + targets.workers(cluster, "decode")]
