@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from pdcluster.sglang_plugin import fingerprint, import_module, refuse
 
@@ -45,14 +45,17 @@ def waiting(on_idle: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 def apply() -> list[str]:
     cls = getattr(import_module(MODULE, _fail), CLASS, None)
+    if cls is None:
+        _fail(f"{MODULE}.{CLASS} is missing")
     current = {name: getattr(cls, name, None) for name in FINGERPRINTS}
     for name, method in current.items():
         if method is None:
             _fail(f"{MODULE}.{CLASS}.{name} is missing")
-    if getattr(current["on_idle"], "pdcluster_wrapped", None) is not None:
+    on_idle = cast(Callable[[Any], Any], current["on_idle"])  # present: checked just above
+    if getattr(on_idle, "pdcluster_wrapped", None) is not None:
         return []  # SGLang loads plugins again in each child it forks
     for name, method in current.items():
         if fingerprint(method) != FINGERPRINTS[name]:
             _fail(f"{CLASS}.{name} has changed (fingerprint {fingerprint(method)})")
-    cls.on_idle = waiting(current["on_idle"])
+    cls.on_idle = waiting(on_idle)
     return [f"{MODULE}.{CLASS}.on_idle"]
