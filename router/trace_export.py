@@ -252,10 +252,11 @@ class PipeWriter:
 class ExporterProcess(PipeWriter):
     """The production sink: the exporter's child process, and the router's end of the pipe to it."""
 
-    def __init__(self, dropped: Callable[[int], Any]):
+    def __init__(self, dropped: Callable[[int], Any], log_level: str = "warning", log_json: bool = True):
         spawn = multiprocessing.get_context("spawn")
         reader, self.writer = spawn.Pipe(duplex=False)
-        self.process = spawn.Process(target=serve, args=(reader,), name="pdcluster-span-exporter", daemon=True)
+        self.process = spawn.Process(target=serve, args=(reader, log_level, log_json), name="pdcluster-span-exporter",
+                                     daemon=True)
         self.process.start()
         reader.close()  # the child's copy is the only one: the router's ending is its end of file
         super().__init__(self.writer.fileno(), dropped)
@@ -272,10 +273,14 @@ class ExporterProcess(PipeWriter):
             self.process.join()
 
 
-def serve(reader: Connection) -> None:
+def serve(reader: Connection, log_level: str, log_json: bool) -> None:
     """The exporter process: each batch from the router to the SDK's processor, until the router's end closes; then
-    the processor sends what it holds (BatchSpanProcessor's shutdown)."""
+    the processor sends what it holds (BatchSpanProcessor's shutdown). It logs as the router does (the exporter's
+    complaints about its collector are the ones an operator looks for)."""
+    from pdcluster.logs import setup_logging
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the router, which closes the pipe
+    setup_logging("router-exporter", log_level, json_lines=log_json)
     processor, convert = span_processor(), converter()
     stream = os.fdopen(os.dup(reader.fileno()), "rb")
     reader.close()

@@ -11,14 +11,13 @@ Each leg's request carries its own `traceparent` header, so SGLang's spans (`--e
 SGLang 0.5.23 reads it: tests/unit/test_router_tracing_sglang.py); /health probes carry an unsampled one (otel.py).
 Spans are made by hand: the PD routes bypass FastAPI (router/edge.py), the data plane has its own client.
 
-A span here is a light record (trace_export.Span: plain values, none of the SDK's locks, attribute limits or context
-switches); ended, it is a tuple for the sink (router/trace_export.py), which ships it to the router's exporter process,
-where the SDK's span is made of it and exported. The export's CPU is not the router's, and a slow, hung or absent
-collector costs dropped spans, never a request's time: the exporter's queue fills, then the pipe to it, whose dropped
-batches pdcluster_router_spans_dropped_total counts. Whether a request is traced is decided once, at its server span,
-by the sampler the SDK makes of OTEL_TRACES_SAMPLER[_ARG]; a request left out costs a few µs and makes no record: its
-legs carry its unsampled `traceparent` only. While a traced request is answered (a stream's until its end), its span
-is this module's current one, so that the router's log records about it carry its `trace_id` and `span_id` (TraceIds).
+A span here is a light record (trace_export.Span, none of the SDK's locks, limits or context switches), a tuple once
+ended, which the sink (router/trace_export.py) ships to the router's exporter process to be made the SDK's span and
+exported: not on the router's CPU, and a slow, hung or absent collector costs dropped spans, never a request's time
+(pdcluster_router_spans_dropped_total counts the router's). The sampler the SDK makes of OTEL_TRACES_SAMPLER[_ARG]
+decides once per request, at its server span; a request left out costs a few µs and no record: its legs carry its
+unsampled `traceparent` only. While a traced request is answered (a stream's until its end), its span is current
+here, so that the router's log records about it carry its `trace_id` and `span_id` (TraceIds).
 """
 
 from __future__ import annotations
@@ -57,8 +56,13 @@ INTERNAL, SERVER, CLIENT = SpanKind.INTERNAL.value, SpanKind.SERVER.value, SpanK
 # object carries a field only tracing reads.
 _CURRENT: ContextVar[tuple[RequestTrace | SampledOut | None, Span | None]] = ContextVar("pdcluster_trace")
 _NOTHING: tuple[None, None] = (None, None)
-# A sink's choice for `from_config`: the exporter process; the tests put an in-process one here.
-make_sink: Callable[[Callable[[int], Any]], Sink] = trace_export.ExporterProcess
+
+
+def exporter_process(config: RouterConfig, dropped: Callable[[int], Any]) -> Sink:
+    return trace_export.ExporterProcess(dropped, config.log_level, config.log_format == "json")
+
+
+make_sink = exporter_process  # `from_config`'s choice of a sink; the tests put an in-process one here
 
 
 def from_config(config: RouterConfig, dropped: Callable[[int], Any] = lambda n: None) -> RouterTracing | None:
@@ -67,7 +71,7 @@ def from_config(config: RouterConfig, dropped: Callable[[int], Any] = lambda n: 
         return None
     if (problem := otel.check(os.environ)) is not None:
         raise ValueError(f"tracing: {problem}")
-    return RouterTracing(make_sink(dropped))
+    return RouterTracing(make_sink(config, dropped))
 
 
 def current() -> RequestTrace | SampledOut | None:
@@ -91,8 +95,7 @@ class TraceIds(logging.Filter):
         return True
 
 
-_LOG = logging.getLogger("pdcluster.router")  # every router module's
-_TRACE_IDS = TraceIds()
+_LOG, _TRACE_IDS = logging.getLogger("pdcluster.router"), TraceIds()  # every router module's logger
 # How long a router that stops waits for its last spans to leave: past a platform's grace period, a collector that
 # hangs would have the router killed.
 FLUSH_AT_STOP = 5.0
@@ -114,8 +117,7 @@ class RouterTracing:
         self.sink.close(FLUSH_AT_STOP)
 
     def start(self, headers: dict[str, str], route: str) -> Token:
-        """The request's server span, parented on the client's `traceparent` if it sent one, made current; or, if the
-        sampler leaves the request out, no span: its unsampled `traceparent`."""
+        """The request's server span, child of the client's `traceparent` if any, made current; none if sampled out."""
         name, attributes = f"POST {route}", {"http.request.method": "POST", "http.route": route}
         parent_id, remote, random, context = 0, False, RANDOM, None
         if "traceparent" in headers:  # strictly parsed, as the SDK does; a malformed one starts a trace of our own
@@ -232,8 +234,8 @@ class RequestTrace:
 
 class TracedClient:
     """The attempt's view of the data plane's client: each leg's request in a span of its own, whose context its
-    `traceparent` carries; /abort_request calls are events of the attempt. It holds no reference to the attempt, which
-    holds it: no cycle for the garbage collector to find per request."""
+    `traceparent` carries; /abort_request calls are events of the attempt. Not pointing back at the attempt (which
+    holds it), it makes no reference cycle per request."""
 
     def __init__(self, client: UpstreamClient, span: Span, prefill: Worker, decode: Worker, room: int | list[int]):
         self.client, self.span, self.prefill, self.decode, self.room = client, span, prefill, decode, room

@@ -131,7 +131,7 @@ class Records:
 def test_a_sampled_out_request_makes_no_record_and_no_span(monkeypatch):
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
     sink = Records()
-    monkeypatch.setattr(tracing, "make_sink", lambda dropped: sink)
+    monkeypatch.setattr(tracing, "make_sink", lambda *_: sink)
 
     def refused(*_args, **_kwargs):
         raise AssertionError("a span was made for a request the sampler left out")
@@ -150,7 +150,7 @@ def test_a_traced_request_makes_none_of_the_sdks_spans_in_the_router(monkeypatch
     """The SDK's span (its locks, its attribute limits) is what tracing cost the router most: only its read-only
     form is made, of the records, and in the exporter process (here LocalSink stands for it)."""
     exporter = InMemorySpanExporter()
-    monkeypatch.setattr(tracing, "make_sink", lambda dropped: trace_export.LocalSink(SimpleSpanProcessor(exporter)))
+    monkeypatch.setattr(tracing, "make_sink", lambda *_: trace_export.LocalSink(SimpleSpanProcessor(exporter)))
 
     def refused(*_args, **_kwargs):
         raise AssertionError("the router made an SDK span")

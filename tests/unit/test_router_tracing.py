@@ -31,7 +31,7 @@ CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 def spans(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
     """Spans land here, at once, made by the exporter process's conversion (the real sink batches them to it)."""
     exporter = InMemorySpanExporter()
-    monkeypatch.setattr(tracing, "make_sink", lambda dropped: trace_export.LocalSink(SimpleSpanProcessor(exporter)))
+    monkeypatch.setattr(tracing, "make_sink", lambda *_: trace_export.LocalSink(SimpleSpanProcessor(exporter)))
     return exporter
 
 
