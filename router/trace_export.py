@@ -10,7 +10,8 @@ batch processor and the exporter the OTEL_* variables name (`span_processor`), a
 It ends when the router's end of the pipe closes: as the router stops (it flushes what it holds, and waits for the
 child a bounded time: tracing.FLUSH_AT_STOP) or dies.
 
-The tests' sink, LocalSink, converts each record the same way at once, in the router's process.
+The tests' sink (tests/unit/test_router_tracing.py's LocalSink) converts each record the same way, in the router's
+process, at once.
 """
 
 from __future__ import annotations
@@ -157,20 +158,6 @@ class Span:
             headers["tracestate"] = self.state
 
 
-class LocalSink:
-    """Each record made a span at once and handed to `processor`, in this process: the tests' sink (what they read is
-    what the exporter process would send)."""
-
-    def __init__(self, processor: SpanProcessor):
-        self.processor, self.convert = processor, converter()
-
-    def add(self, record: Record) -> None:
-        self.processor.on_end(self.convert(record))
-
-    def close(self, timeout: float) -> None:
-        self.processor.shutdown()
-
-
 class PipeWriter:
     """The router's end of the pipe: records buffered, written a batch at a time without ever waiting. A batch the
     pipe takes in part is finished before the next one (the child reads a stream of pickles); a batch it has no room
@@ -240,10 +227,12 @@ class PipeWriter:
         if self.buffer:
             pending.append(memoryview(pickle.dumps(self.buffer, pickle.HIGHEST_PROTOCOL)))
         self.buffer, self.unsent = [], memoryview(b"")
+        room = select.poll()  # not select(): the pipe's fd may be past its 1024 of a process with many connections
+        room.register(self.fd, select.POLLOUT)
         for data in pending:
             while data and not self.broken:
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([], [self.fd], [], left)[1]:
+                if left <= 0 or not room.poll(left * 1000):
                     self.dropped(count)
                     return
                 data = data[self._write(data):]
@@ -264,6 +253,7 @@ class ExporterProcess(PipeWriter):
     def close(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         self.drain(deadline)
+        self.broken = True  # a span that ends from now on is dropped, never written to a closed (or reused) fd
         self.writer.close()
         self.process.join(max(0.0, deadline - time.monotonic()))
         if self.process.is_alive():  # stuck on its collector: what it still holds is lost

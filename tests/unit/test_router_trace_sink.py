@@ -26,6 +26,7 @@ from router import trace_export, tracing
 from tests.fakes import FakeWorker
 from tests.helpers import free_port, until
 from tests.unit.test_router_pd import cluster
+from tests.unit.test_router_tracing import LocalSink
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,7 +151,7 @@ def test_a_traced_request_makes_none_of_the_sdks_spans_in_the_router(monkeypatch
     """The SDK's span (its locks, its attribute limits) is what tracing cost the router most: only its read-only
     form is made, of the records, and in the exporter process (here LocalSink stands for it)."""
     exporter = InMemorySpanExporter()
-    monkeypatch.setattr(tracing, "make_sink", lambda *_: trace_export.LocalSink(SimpleSpanProcessor(exporter)))
+    monkeypatch.setattr(tracing, "make_sink", lambda *_: LocalSink(SimpleSpanProcessor(exporter)))
 
     def refused(*_args, **_kwargs):
         raise AssertionError("the router made an SDK span")

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 from opentelemetry.sdk import trace as sdk_trace
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -27,11 +27,25 @@ from tests.unit.test_router_pd import cluster
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 
 
+class LocalSink:
+    """The tests' sink: each record made a span at once, with the exporter process's conversion, and handed to
+    `processor` in this process (what the tests read is what the exporter process would send)."""
+
+    def __init__(self, processor: SpanProcessor):
+        self.processor, self.convert = processor, trace_export.converter()
+
+    def add(self, record: tuple) -> None:
+        self.processor.on_end(self.convert(record))
+
+    def close(self, timeout: float) -> None:
+        self.processor.shutdown()
+
+
 @pytest.fixture
 def spans(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
     """Spans land here, at once, made by the exporter process's conversion (the real sink batches them to it)."""
     exporter = InMemorySpanExporter()
-    monkeypatch.setattr(tracing, "make_sink", lambda *_: trace_export.LocalSink(SimpleSpanProcessor(exporter)))
+    monkeypatch.setattr(tracing, "make_sink", lambda *_: LocalSink(SimpleSpanProcessor(exporter)))
     return exporter
 
 
