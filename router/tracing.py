@@ -108,7 +108,7 @@ class RouterTracing:
         from opentelemetry.sdk.trace import sampling
 
         self.sink = sink
-        self.sampler = sampling._get_from_env_or_default()  # OTEL_TRACES_SAMPLER[_ARG], read as the SDK reads them
+        self.sampler = sampling._get_from_env_or_default()  # the SDK's own reading of OTEL_TRACES_SAMPLER[_ARG]
         _LOG.addFilter(_TRACE_IDS)
 
     def close(self) -> None:
