@@ -1,22 +1,28 @@
 """`python -m bench.tracing_cost`: the router's CPU per request with tracing off and on, on FAKE workers.
 
 Three routers (`python -m router`, one process each) over the same two fake SGLang workers (bench/fake_worker.py):
-tracing off; on, every request traced; on, 1% of requests sampled (OTEL_TRACES_SAMPLER). The traced ones export over
-real OTLP/HTTP (the SDK's batch processor and OTLP exporter at their defaults, as in production) to a receiver in this
-process (bench/otlp_receiver.py) that decodes every batch. Each round drives each router with wrk (the router
-benchmark's harness, bench/router.py), plain and streamed, in turn, which goes first rotating; a router's cost is its
-process's CPU seconds (every thread: the exporter's too) over the requests it answered, not wall time. It writes
+tracing off; on, every request traced; on, 1% of requests sampled (OTEL_TRACES_SAMPLER). A traced router's exporter
+process (router/trace_export.py) exports over real OTLP/HTTP (the SDK's batch processor and OTLP exporter at their
+defaults, as in production) to a receiver in this process (bench/otlp_receiver.py) that decodes every batch. Each
+round drives each router with wrk (the router benchmark's harness, bench/router.py), plain and streamed, in turn, which
+goes first rotating. The cost, in CPU seconds (every thread) over the requests answered, not wall time, is counted
+apart for the router process (the target's verdict: a request waits on it alone) and for its children (the exporter
+process, and multiprocessing's idle resource tracker), and summed (the whole cost). It writes
 bench/results/tracing-cost.json and .png.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from bench import loadgen, procs, report
 from bench.otlp_receiver import Receiver
@@ -29,6 +35,36 @@ VARIANTS: dict[str, dict[str, str]] = {"off": {}, "on": {}, "sampled": SAMPLED} 
 TRACED = ("on", "sampled")
 SPANS_PER_REQUEST = 4  # server, attempt, prefill, decode
 LABELS = {"off": "off", "on": "on", "sampled": "on, 1% sampled"}
+PARTS = ("router", "exporter", "sum")  # the router process, its children (the exporter), both
+
+
+@dataclass
+class Part:
+    """What `measure` counts the CPU of (its `cpu_seconds`): a router process alone, or its children alone."""
+    proc: procs.Proc
+    children: bool
+
+    def cpu_seconds(self) -> float:
+        found = procs.tree(self.proc.popen.pid)
+        total = 0.0
+        for p in found[1:] if self.children else found[:1]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+
+def add_parts(cell: dict, variant: str) -> dict:
+    """The cell's CPU ms per request of the router process (measure's target), of its children, and their sum."""
+    cores, router = cell["cpu_cores"], cell["target_cpu_ms_per_request"]
+    ratio = cores.get(f"exporter_{variant}", 0.0) / cores[f"router_{variant}"] if cores[f"router_{variant}"] else 0.0
+    exporter = round(router * ratio, 4) if router is not None else None
+    return {**cell, "exporter_cpu_ms_per_request": exporter,
+            "sum_cpu_ms_per_request": round(router + exporter, 4) if router is not None else None}
+
+
+def ms(cell: dict, part: str) -> float:
+    return cell["target_cpu_ms_per_request" if part == "router" else f"{part}_cpu_ms_per_request"]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -40,26 +76,35 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    return {f"p{q}": round(percentile(values, q), 4) for q in (10, 50, 90)}
+
+
 def derive(cells: list[dict], modes: list[str]) -> dict:
-    """Per mode: each variant's CPU ms per request over the rounds, and on / off per round (paired within a round,
-    so that a machine slower in one round weighs on both), as percentiles over the rounds and pooled."""
+    """Per mode and part (PARTS): each variant's CPU ms per request over the rounds, and on / off per round (paired
+    within a round, so that a machine slower in one round weighs on both), as percentiles over the rounds and pooled.
+    The router process's keys are named as before the exporter process: cpu_ms_per_request_<v>, ratio_<v>_over_off."""
     out: dict = {}
     for mode in modes:
         rounds = sorted({c["round"] for c in cells if c["mode"] == mode})
         cpu = {v: [next(c for c in cells if (c["mode"], c["round"], c["target"]) == (mode, r, v))
                    for r in rounds] for v in VARIANTS}
-        per_request = {v: [c["target_cpu_ms_per_request"] for c in cpu[v]] for v in VARIANTS}
-        pooled = {v: sum(c["target_cpu_ms_per_request"] * c["requests"] for c in cpu[v]) /
-                  sum(c["requests"] for c in cpu[v]) for v in VARIANTS}
-        out[mode] = {f"cpu_ms_per_request_{v}": {f"p{q}": round(percentile(per_request[v], q), 4)
-                                                 for q in (10, 50, 90)} for v in VARIANTS}
-        for v in TRACED:
-            ratios = [on / off for off, on in zip(per_request["off"], per_request[v], strict=True)]
-            out[mode][f"ratio_{v}_over_off"] = {f"p{q}": round(percentile(ratios, q), 4) for q in (10, 50, 90)}
-            out[mode][f"ratio_{v}_per_round"] = [round(r, 4) for r in ratios]
-            out[mode][f"ratio_{v}_pooled"] = round(pooled[v] / pooled["off"], 4)
+        out[mode] = {}
+        for part in PARTS:
+            tail = "" if part == "router" else f"_{part}"
+            per_request = {v: [ms(c, part) for c in cpu[v]] for v in VARIANTS}
+            pooled = {v: sum(ms(c, part) * c["requests"] for c in cpu[v]) / sum(c["requests"] for c in cpu[v])
+                      for v in VARIANTS}
+            out[mode].update({f"cpu_ms_per_request_{v}{tail}": spread(per_request[v]) for v in VARIANTS})
+            if part == "exporter":  # off has no exporter: no ratio
+                continue
+            for v in TRACED:
+                ratios = [on / off for off, on in zip(per_request["off"], per_request[v], strict=True)]
+                out[mode][f"ratio_{v}{tail}_over_off"] = spread(ratios)
+                out[mode][f"ratio_{v}{tail}_per_round"] = [round(r, 4) for r in ratios]
+                out[mode][f"ratio_{v}{tail}_pooled"] = round(pooled[v] / pooled["off"], 4)
         out[mode]["req_per_s_p50"] = {v: round(percentile([c["req_per_s"] for c in cpu[v]], 50)) for v in VARIANTS}
-    verdicts = {f"{mode}, {v}: median {v} / off <= {TARGET}": {
+    verdicts = {f"{mode}, {v}: median {v} / off <= {TARGET} (router process)": {
         "value": d[f"ratio_{v}_over_off"]["p50"], "pass": d[f"ratio_{v}_over_off"]["p50"] <= TARGET}
         for mode, d in out.items() for v in TRACED}
     bad = [f"{c['target']}/{c['mode']}/round {c['round']}" for c in cells if c["errors_total"] or c["stalled"]]
@@ -76,20 +121,25 @@ def draw(result: dict, path: Path) -> None:
     for mode in modes:
         cells = [c for c in result["cells"] if c["mode"] == mode]
         for variant, (marker, line) in zip(VARIANTS, (("o", ":"), ("^", "-"), ("s", "--")), strict=True):
-            mine = sorted((c["round"], c["target_cpu_ms_per_request"]) for c in cells if c["target"] == variant)
-            axes[0].plot([r for r, _ in mine], [v for _, v in mine], marker=marker, color=colors[mode],
-                         linestyle=line, label=f"{mode}, tracing {LABELS[variant]}")
+            for part, fill in (("router", "full"), ("sum", "none")):
+                if variant == "off" and part == "sum":
+                    continue
+                mine = sorted((c["round"], ms(c, part)) for c in cells if c["target"] == variant)
+                axes[0].plot([r for r, _ in mine], [v for _, v in mine], marker=marker, fillstyle=fill,
+                             color=colors[mode], linestyle=line, label=f"{mode}, tracing {LABELS[variant]}"
+                             + (", with its exporter" if part == "sum" else ""))
         for variant, marker in zip(TRACED, ("^", "s"), strict=True):
-            ratios = result["derived"]["modes"][mode][f"ratio_{variant}_per_round"]
-            axes[1].plot(range(len(ratios)), ratios, marker=marker, color=colors[mode],
-                         label=f"{mode}, {LABELS[variant]}")
-    axes[0].set_title("Router CPU ms per request, per round (lower is better)")
+            for tail, fill in (("", "full"), ("_sum", "none")):
+                ratios = result["derived"]["modes"][mode][f"ratio_{variant}{tail}_per_round"]
+                axes[1].plot(range(len(ratios)), ratios, marker=marker, fillstyle=fill, color=colors[mode],
+                             label=f"{mode}, {LABELS[variant]}" + (", with its exporter" if tail else ""))
+    axes[0].set_title("CPU ms per request: router process (filled), with its exporter (hollow)")
     axes[0].set_xlabel("round")
     axes[0].set_ylim(bottom=0)
     axes[0].legend(fontsize=8)
     axes[1].axhline(TARGET, color="red", linestyle="--", label=f"target {TARGET}")
     axes[1].axhline(1.0, color="#9e9e9e", linewidth=0.8)
-    axes[1].set_title("Tracing on / off, CPU per request, per round (log)")
+    axes[1].set_title("Tracing on / off, CPU per request, per round (log; hollow: with its exporter)")
     axes[1].set_yscale("log")
     axes[1].yaxis.set_major_formatter(ticker.ScalarFormatter())
     axes[1].yaxis.set_minor_formatter(ticker.ScalarFormatter())
@@ -105,13 +155,18 @@ def draw(result: dict, path: Path) -> None:
 
 
 def table(result: dict) -> str:
-    """bench/README.md's table (bench/tables.py): off's CPU per request, and each traced router's over it."""
+    """bench/README.md's table (bench/tables.py): off's CPU per request, and each traced router's over it: the
+    router process's, and (results made since the exporter process) with its exporter process's."""
     s, rows = result["settings"], []
+    summed = all("ratio_on_sum_over_off" in d for d in result["derived"]["modes"].values())
+    ratios = [f"{v}{tail}" for tail in ("", "_sum")[:1 + summed] for v in TRACED]
     for mode, d in result["derived"]["modes"].items():
-        ratio = {v: "{p50:.2f} ({p10:.2f}-{p90:.2f})".format(**d[f"ratio_{v}_over_off"]) for v in TRACED}
-        rows.append(f"| {mode} | {d['cpu_ms_per_request_off']['p50']:.3f} | {ratio['on']} | {ratio['sampled']} |")
+        cells = ["{p50:.2f} ({p10:.2f}-{p90:.2f})".format(**d[f"ratio_{r}_over_off"]) for r in ratios]
+        rows.append(f"| {mode} | {d['cpu_ms_per_request_off']['p50']:.3f} | " + " | ".join(cells) + " |")
+    head = ["mode", "off: CPU ms per request", "on / off", "1% sampled / off"]
+    head += ["on, with its exporter / off", "1% sampled, with its exporter / off"] if summed else []
     return (f"{s['rounds']} rounds, concurrency {s['concurrency']}, FAKE workers; medians (p10-p90) over rounds:\n\n"
-            "| mode | off: CPU ms per request | on / off | 1% sampled / off |\n|---|---|---|---|\n" + "\n".join(rows))
+            f"| {' | '.join(head)} |\n|{'---|' * len(head)}\n" + "\n".join(rows))
 
 
 def requests_answered(proc: procs.Proc) -> int:
@@ -157,17 +212,22 @@ def main(argv: list[str] | None = None) -> int:
             for name, proc in routers.items():
                 procs.wait_ready(proc, lambda p=proc: procs.generate_ok(p.port), 60)
                 sanity_check(f"router_{name}", proc.port, args.chunks)
-            watched = {"fake_prefill": fakes[0], "fake_decode": fakes[1], **{f"router_{v}": p
-                                                                            for v, p in routers.items()}}
-            print(f"{'round':>5} {'mode':7} {'tracing':8} {'requests':>9} {'req/s':>8} {'CPU ms/req':>11}", flush=True)
+            # measure's target is the router process alone; its children (the exporter) are counted apart.
+            watched = {"fake_prefill": fakes[0], "fake_decode": fakes[1],
+                       **{f"router_{v}": Part(p, children=False) for v, p in routers.items()},
+                       **{f"exporter_{v}": Part(routers[v], children=True) for v in TRACED}}
+            print(f"{'round':>5} {'mode':7} {'tracing':8} {'requests':>9} {'req/s':>8} {'CPU ms/req':>11} "
+                  f"{'exporter':>9} {'sum':>8}", flush=True)
             order = list(VARIANTS)
             for r in range(args.rounds):
                 for mode in args.modes:
                     for variant in order[r % len(order):] + order[:r % len(order)]:
-                        cell = measure(variant, routers[variant].port, args.concurrency, mode, args, watched)
+                        cell = add_parts(measure(variant, routers[variant].port, args.concurrency, mode, args,
+                                                 watched), variant)
                         cells.append({**cell, "round": r})
                         print(f"{r:>5} {mode:7} {variant:8} {cell['requests']:>9} {cell['req_per_s']:>8.0f} "
-                              f"{cell['target_cpu_ms_per_request']:>11.4f}", flush=True)
+                              f"{cell['target_cpu_ms_per_request']:>11.4f} {cell['exporter_cpu_ms_per_request']:>9.4f} "
+                              f"{cell['sum_cpu_ms_per_request']:>8.4f}", flush=True)
             answered = {v: requests_answered(routers[v]) for v in TRACED}
             for v in TRACED:
                 routers[v].stop()  # it sends what it still holds as it stops
@@ -177,11 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         spans = collector.count
     result = {
         "benchmark": "the router's CPU per request with tracing off and on (OTLP/HTTP to an in-process receiver), "
-                     "on FAKE SGLang workers",
+                     "its process's and its exporter process's, on FAKE SGLang workers",
         "settings": {"rounds": args.rounds, "duration_s": args.duration, "warmup_s": args.warmup,
                      "concurrency": args.concurrency, "modes": args.modes, "chunks_per_stream": args.chunks,
                      "router_processes": 1, "load_generator": "wrk -t1, closed loop", "target_ratio": TARGET,
-                     "exporter": "OTLP/HTTP protobuf, the SDK's BatchSpanProcessor at its defaults"},
+                     "exporter": "the router's exporter process (router/trace_export.py): OTLP/HTTP protobuf, the "
+                                 "SDK's BatchSpanProcessor at its defaults"},
         "machine": {**machine, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
         "cells": cells, "derived": derive(cells, args.modes),
         # Every request of `on` and 1% of `sampled`'s make SPANS_PER_REQUEST spans: fewer means some were dropped.
@@ -194,10 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     for mode, d in result["derived"]["modes"].items():
         print(f"{mode}: CPU ms/request (median) " + ", ".join(
             f"{LABELS[v]} {d[f'cpu_ms_per_request_{v}']['p50']}" for v in VARIANTS))
+        print("  with the exporter process: " + ", ".join(
+            f"{LABELS[v]} {d[f'cpu_ms_per_request_{v}_sum']['p50']}" for v in TRACED))
         for v in TRACED:
-            r = d[f"ratio_{v}_over_off"]
-            print(f"  {LABELS[v]} / off: p10 {r['p10']}, p50 {r['p50']}, p90 {r['p90']} "
-                  f"(pooled {d[f'ratio_{v}_pooled']})")
+            for tail, what in (("", "router process"), ("_sum", "with its exporter")):
+                r = d[f"ratio_{v}{tail}_over_off"]
+                print(f"  {LABELS[v]} / off, {what}: p10 {r['p10']}, p50 {r['p50']}, p90 {r['p90']} "
+                      f"(pooled {d[f'ratio_{v}{tail}_pooled']})")
     print(f"spans received {spans}, expected ~{result['spans']['expected']}")
     for name, v in result["derived"]["verdicts"].items():
         print(f"  {'PASS' if v['pass'] else 'FAIL'}  {name}: {v['value']}")

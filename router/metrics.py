@@ -101,6 +101,9 @@ class RouterMetrics:
         self.admissions = _Labelled(Counter(
             "pdcluster_router_admissions", "Admission canaries of new worker instances, by result (admitted, refused; "
             "error: the canary could not run and is tried again)", ["role", "result"], registry=r))
+        self.spans_dropped = Counter(
+            "pdcluster_router_spans_dropped", "Spans the router dropped (router/trace_export.py): its exporter process "
+            "was behind or gone, and the pipe to it full", registry=r)
         self._kv_metrics(r)
         self.pool = pool
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))

@@ -49,7 +49,7 @@ class PdService:
 
     def __init__(self, config: RouterConfig, pairing: Pairing, metrics: RouterMetrics, api_key: str | None):
         self.config, self.pairing, self.metrics, self.api_key = config, pairing, metrics, api_key
-        self.tracing = tracing.from_config(config)  # None when off: no span is made
+        self.tracing = tracing.from_config(config, metrics.spans_dropped.inc)  # None when off: no span is made
 
     def routes(self) -> dict[str, Route]:
         """The edge's PD routes (router/edge.py): each path answered by `answer`."""

@@ -1,5 +1,5 @@
 """The router's OpenTelemetry spans, off unless `tracing` (router/config.py) or PDCLUSTER_TRACING turns them on (where
-they go: pdcluster/otel.py). Off, nothing here runs: PdService holds None and no SDK object is made per request.
+they go: pdcluster/otel.py). Off, nothing here runs: PdService holds None and nothing is made per request.
 
 On, each PD request is a trace of its own or joins the client's (a W3C `traceparent` header):
   POST <route>   SERVER   the whole answer, a stream's too; its request id and status
@@ -10,10 +10,14 @@ On, each PD request is a trace of its own or joins the client's (a W3C `tracepar
 Each leg's request carries its own `traceparent` header, so SGLang's spans (`--enable-trace`) nest under the leg (how
 SGLang 0.5.23 reads it: tests/unit/test_router_tracing_sglang.py); /health probes carry an unsampled one (otel.py).
 Spans are made by hand: the PD routes bypass FastAPI (router/edge.py), the data plane has its own client.
-Exports run in the SDK's batch thread: a slow or absent collector costs dropped spans, never a request's time.
-The request's span is OpenTelemetry's current one while it is answered (a stream's until its end), so that the
-router's log records about it carry its `trace_id` and `span_id` (TraceIds). A request the sampler leaves out
-(OTEL_TRACES_SAMPLER, which the SDK reads) makes no other span: its legs carry its unsampled `traceparent` only.
+
+A span here is a light record (trace_export.Span, none of the SDK's locks, limits or context switches), a tuple once
+ended, which the sink (router/trace_export.py) ships to the router's exporter process to be made the SDK's span and
+exported: not on the router's CPU, and a slow, hung or absent collector costs dropped spans, never a request's time
+(pdcluster_router_spans_dropped_total counts the router's). The sampler the SDK makes of OTEL_TRACES_SAMPLER[_ARG]
+decides once per request, at its server span; a request left out costs a few µs and no record: its legs carry its
+unsampled `traceparent` only. While a traced request is answered (a stream's until its end), its span is current
+here, so that the router's log records about it carry its `trace_id` and `span_id` (TraceIds).
 """
 
 from __future__ import annotations
@@ -21,59 +25,57 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 from collections.abc import Callable
-from contextvars import Token
+from contextvars import ContextVar, Token
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from pdcluster import otel
+from router import trace_export
 from router.edge import Answer, StreamAnswer
 from router.failures import HalfFailed
+from router.trace_export import Span, new_id
 from router.upstream import UpstreamClient, UpstreamResponse
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import SpanProcessor
-
     from router.attempt import Attempt
     from router.config import RouterConfig
+    from router.trace_export import Sink
+    from router.workers import Worker
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-# The request being answered, for its attempts: in the context `start` attaches in the task that answers it (a
-# fan-out's choices inherit it, router/fanout.py), so that no request object carries a field only tracing reads.
-_REQUEST = otel_context.create_key("pdcluster_request_trace")
+SAMPLED, RANDOM = 0x01, 0x02  # W3C trace flags: sampled; the trace id is random (the SDK sets it on its own traces)
+INTERNAL, SERVER, CLIENT = SpanKind.INTERNAL.value, SpanKind.SERVER.value, SpanKind.CLIENT.value
+
+# What the code running now is part of: the request (for its attempts) and the span its log records name. Set by
+# `start` in the task that answers the request (a fan-out's choices inherit it, router/fanout.py), so that no request
+# object carries a field only tracing reads.
+_CURRENT: ContextVar[tuple[RequestTrace | SampledOut | None, Span | None]] = ContextVar("pdcluster_trace")
+_NOTHING: tuple[None, None] = (None, None)
 
 
-def from_config(config: RouterConfig) -> RouterTracing | None:
-    return RouterTracing(span_processor()) if otel.enabled(config.tracing) else None
+def exporter_process(config: RouterConfig, dropped: Callable[[int], Any]) -> Sink:
+    return trace_export.ExporterProcess(dropped, config.log_level, config.log_format == "json")
+
+
+make_sink = exporter_process  # `from_config`'s choice of a sink; the tests put an in-process one here
+
+
+def from_config(config: RouterConfig, dropped: Callable[[int], Any] = lambda n: None) -> RouterTracing | None:
+    """`dropped(n)`: n spans were dropped on their way out (a metric)."""
+    if not otel.enabled(config.tracing):
+        return None
+    if (problem := otel.check(os.environ)) is not None:
+        raise ValueError(f"tracing: {problem}")
+    return RouterTracing(make_sink(config, dropped))
 
 
 def current() -> RequestTrace | SampledOut | None:
-    request = otel_context.get_value(_REQUEST)
-    return request if isinstance(request, RequestTrace | SampledOut) else None
-
-
-def span_processor() -> SpanProcessor:
-    """The exporter the OTEL_* variables name, behind the SDK's batch processor (its own thread, bounded queue)."""
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-
-    env = os.environ
-    if (problem := otel.check(env)) is not None:
-        raise ValueError(f"tracing: {problem}")
-    if otel.exporter(env) == "console":
-        return BatchSpanProcessor(ConsoleSpanExporter())
-    protocol = otel.protocol(env)
-    endpoint = otel.traces_endpoint(env, protocol)
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-        return BatchSpanProcessor(GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://")))
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-    return BatchSpanProcessor(HttpExporter(endpoint=endpoint))
+    return _CURRENT.get(_NOTHING)[0]
 
 
 def sglang_room(room: int | list[int]) -> str | list[str]:
@@ -82,84 +84,92 @@ def sglang_room(room: int | list[int]) -> str | list[str]:
 
 
 class TraceIds(logging.Filter):
-    """The router's log records get the ids of the span current when they are made, as OpenTelemetry knows it: a
-    trace found in the collector leads to its log lines, and a log line to its trace."""
+    """The router's log records get the ids of the span current when they are made: a trace found in the collector
+    leads to its log lines, and a log line to its trace."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        context = trace.get_current_span().get_span_context()
-        if context.is_valid:
-            record.trace_id = trace.format_trace_id(context.trace_id)
-            record.span_id = trace.format_span_id(context.span_id)
+        span = _CURRENT.get(_NOTHING)[1]
+        if span is not None:
+            record.trace_id = f"{span.trace_id:032x}"
+            record.span_id = f"{span.span_id:016x}"
         return True
 
 
-_LOG = logging.getLogger("pdcluster.router")  # every router module's
-_TRACE_IDS = TraceIds()
-# How long a router that stops waits for its last spans to leave. The SDK's exit handler never runs (uvicorn ends
-# the process by the signal it caught), and it would wait 30 s on a collector that hangs: past a grace period.
+_LOG, _TRACE_IDS = logging.getLogger("pdcluster.router"), TraceIds()  # every router module's logger
+# How long a router that stops waits for its last spans to leave: past a platform's grace period, a collector that
+# hangs would have the router killed.
 FLUSH_AT_STOP = 5.0
 
 
 class RouterTracing:
-    """The router's tracer: its own provider (not the global one, which FastAPI and libraries would then use)."""
+    """The router's tracing: its sampler, as the SDK would make it, and the sink its spans go to."""
 
-    def __init__(self, processor: SpanProcessor):
-        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-        from opentelemetry.sdk.trace import TracerProvider
+    def __init__(self, sink: Sink):
+        from opentelemetry.sdk.trace import sampling
 
-        resource = Resource.create({SERVICE_NAME: otel.service_name(os.environ, "router")})
-        self.provider = TracerProvider(resource=resource)  # flushed by `close`
-        self.provider.add_span_processor(processor)
-        self.tracer = self.provider.get_tracer("pdcluster.router")
+        self.sink = sink
+        self.sampler = sampling._get_from_env_or_default()  # the SDK's own reading of OTEL_TRACES_SAMPLER[_ARG]
         _LOG.addFilter(_TRACE_IDS)
 
     def close(self) -> None:
         """The router stops: the spans left are sent, within FLUSH_AT_STOP; the log records are as without tracing."""
         _LOG.removeFilter(_TRACE_IDS)
-        flush = threading.Thread(target=self.provider.shutdown, name="pdcluster-span-flush", daemon=True)
-        flush.start()
-        flush.join(FLUSH_AT_STOP)
+        self.sink.close(FLUSH_AT_STOP)
 
-    def start(self, headers: dict[str, str], route: str) -> Token[otel_context.Context]:
-        """The request's server span, parented on the client's `traceparent` if it sent one, made current."""
-        parent = _PROPAGATOR.extract(headers) if "traceparent" in headers else None
-        span = self.tracer.start_span(f"POST {route}", parent, SpanKind.SERVER,
-                                      {"http.request.method": "POST", "http.route": route})
-        if not span.is_recording():  # sampled out (OTEL_TRACES_SAMPLER): made cheaply, as most requests may be
-            return otel_context.attach(otel_context.set_value(_REQUEST, SampledOut(span)))
-        request = RequestTrace(self.tracer, span)
-        return otel_context.attach(otel_context.set_value(_REQUEST, request, request.context))
+    def start(self, headers: dict[str, str], route: str) -> Token:
+        """The request's server span, child of the client's `traceparent` if any, made current; none if sampled out."""
+        name, attributes = f"POST {route}", {"http.request.method": "POST", "http.route": route}
+        parent_id, remote, random, context = 0, False, RANDOM, None
+        if "traceparent" in headers:  # strictly parsed, as the SDK does; a malformed one starts a trace of our own
+            context = _PROPAGATOR.extract(headers)
+            parent = trace.get_current_span(context).get_span_context()
+            if parent.is_valid:
+                trace_id, parent_id, remote, random = parent.trace_id, parent.span_id, True, parent.trace_flags & RANDOM
+        if not parent_id:
+            trace_id = new_id(128)
+        result = self.sampler.should_sample(context, trace_id, name, SpanKind.SERVER, attributes, ())
+        state = result.trace_state.to_header() if result.trace_state else None
+        if not result.decision.is_sampled():  # cheaply, as most requests may be left out
+            return _CURRENT.set((SampledOut(trace_id, random, state), None))
+        span = Span(self.sink, name, SERVER, trace_id, parent_id, remote, SAMPLED | random, state,
+                    dict(result.attributes))
+        return _CURRENT.set((RequestTrace(span), span))
 
-    def finish(self, token: Token[otel_context.Context], answer: Answer | StreamAnswer, request_id: str) -> None:
+    def finish(self, token: Token, answer: Answer | StreamAnswer, request_id: str) -> None:
         """The answer is made: the span ends now, or with the stream (current until then: the relay logs too)."""
-        request = current()
-        assert request is not None  # attached by `start`, in this task
-        if isinstance(request, SampledOut):
-            otel_context.detach(token)
+        span = _CURRENT.get(_NOTHING)[1]  # set by `start`, in this task
+        if span is None:
+            _reset(token)
             return
-        span = request.span
-        span.set_attributes({"pdcluster.request_id": request_id, "http.response.status_code": answer.status})
+        span.update({"pdcluster.request_id": request_id, "http.response.status_code": answer.status})
         if answer.status >= 500:
-            span.set_status(Status(StatusCode.ERROR))
+            span.error()
         if isinstance(answer, StreamAnswer):  # closed by the edge in this task, whose context this is
             answer.close = _then(answer.close, lambda: _end(span, token))
         else:
             _end(span, token)
 
-    def abandon(self, token: Token[otel_context.Context], exc: BaseException) -> None:
+    def abandon(self, token: Token, exc: BaseException) -> None:
         """No answer: the client left (the task is cancelled) or the router failed; the span ends all the same."""
-        if isinstance(request := current(), RequestTrace):
+        if (span := _CURRENT.get(_NOTHING)[1]) is not None:
             if isinstance(exc, asyncio.CancelledError):
-                request.span.set_attribute("pdcluster.cancelled", True)
+                span.set("pdcluster.cancelled", True)
             else:
-                _failed(request.span, exc)
-            request.span.end()
-        otel_context.detach(token)
+                _failed(span, exc)
+            span.end()
+        _reset(token)
 
 
-def _end(span: trace.Span, token: Token[otel_context.Context]) -> None:
+def _reset(token: Token) -> None:
+    try:  # noqa: SIM105 - contextlib.suppress costs a request ~0.5 µs each time
+        _CURRENT.reset(token)
+    except (ValueError, RuntimeError):  # not this task's (a stream closed elsewhere): that context ends with its task
+        pass
+
+
+def _end(span: Span, token: Token) -> None:
     span.end()
-    otel_context.detach(token)
+    _reset(token)
 
 
 def _then(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
@@ -172,14 +182,13 @@ def _then(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], N
 
 
 class SampledOut:
-    """A request the sampler left out: no span but the server's, which is not recorded, and nothing current; both
-    legs carry its `traceparent`, whose flags have SGLang leave its spans out too."""
+    """A request the sampler left out: no span, and nothing current; both legs carry its `traceparent`, whose flags
+    have SGLang leave its spans out too."""
 
-    def __init__(self, span: trace.Span):
-        context = span.get_span_context()
-        self.headers = {"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"}
-        if context.trace_state:
-            self.headers["tracestate"] = context.trace_state.to_header()
+    def __init__(self, trace_id: int, flags: int, state: str | None):
+        self.headers = {"traceparent": f"00-{trace_id:032x}-{new_id(64):016x}-{flags:02x}"}
+        if state:
+            self.headers["tracestate"] = state
 
     async def attempt(self, attempt: Attempt) -> Answer | StreamAnswer:
         attempt.request.headers.update(self.headers)
@@ -189,105 +198,103 @@ class SampledOut:
 class RequestTrace:
     """One request's server span and what its attempts must know of each other (why the last one failed)."""
 
-    def __init__(self, tracer: trace.Tracer, span: trace.Span):
-        self.tracer, self.span = tracer, span
-        self.context = trace.set_span_in_context(span)
+    def __init__(self, span: Span):
+        self.span = span
         self.failed: dict[int, str] = {}  # id(PdRequest) -> its last failed attempt's reason (a fan-out has several)
 
     async def attempt(self, attempt: Attempt) -> Answer | StreamAnswer:
         """attempt.answer() inside an attempt span, whose legs the attempt's client (`TracedClient`) traces."""
-        request = attempt.request
-        span = self.tracer.start_span("attempt", self.context, attributes={
+        request, room = attempt.request, attempt.request.body["bootstrap_room"]
+        span = self.span.child("attempt", INTERNAL, {
             "pdcluster.attempt": request.attempt, "pdcluster.prefill": attempt.prefill.worker_id,
-            "pdcluster.decode": attempt.decode.worker_id, "pdcluster.bootstrap_room": request.body["bootstrap_room"],
-            "bootstrap_room": sglang_room(request.body["bootstrap_room"])})
+            "pdcluster.decode": attempt.decode.worker_id, "pdcluster.bootstrap_room": room,
+            "bootstrap_room": sglang_room(room)})
         if (reason := self.failed.pop(id(request), None)) is not None:
-            span.set_attribute("pdcluster.retry_reason", reason)
-        client = TracedClient(attempt.d.client, self.tracer, span, attempt)
+            span.set("pdcluster.retry_reason", reason)
+        client = TracedClient(attempt.d.client, span, attempt.prefill, attempt.decode, room)
         attempt.d = replace(attempt.d, client=cast(UpstreamClient, client))
-        token = otel_context.attach(client.context)  # what the attempt logs is the attempt span's
+        token = _CURRENT.set((self, span))  # what the attempt logs is the attempt span's
         try:
             answer = await attempt.answer()
         except HalfFailed as failure:
             self.failed[id(request)] = failure.message
-            client.end(failure)
+            client.end(attempt, failure)
             raise
         except BaseException:
-            client.end()
+            client.end(attempt)
             raise
         finally:
-            otel_context.detach(token)
+            _reset(token)
         if isinstance(answer, StreamAnswer):
-            answer.close = _then(answer.close, client.end)
+            answer.close = _then(answer.close, lambda: client.end(attempt))
         else:
-            client.end()
+            client.end(attempt)
         return answer
 
 
 class TracedClient:
     """The attempt's view of the data plane's client: each leg's request in a span of its own, whose context its
-    `traceparent` carries; /abort_request calls are events of the attempt."""
+    `traceparent` carries; /abort_request calls are events of the attempt. Not pointing back at the attempt (which
+    holds it), it makes no reference cycle per request."""
 
-    def __init__(self, client: UpstreamClient, tracer: trace.Tracer, span: trace.Span, attempt: Attempt):
-        self.client, self.tracer, self.span, self.attempt = client, tracer, span, attempt
-        self.context = trace.set_span_in_context(span)
-        self.decode_leg: trace.Span | None = None
+    def __init__(self, client: UpstreamClient, span: Span, prefill: Worker, decode: Worker, room: int | list[int]):
+        self.client, self.span, self.prefill, self.decode, self.room = client, span, prefill, decode, room
+        self.decode_leg: Span | None = None
         self.ended = False
 
     async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
-                      headers: dict[str, str] | None = None, *args: Any, **kwargs: Any) -> UpstreamResponse:
-        attempt = self.attempt
+                      headers: dict[str, str] | None = None, headers_timeout: float | None = None,
+                      on_sent: Callable[[UpstreamResponse], None] | None = None) -> UpstreamResponse:
         if path == "/abort_request":
-            self.span.add_event("abort", {"server.address": base_url})
-            return await self.client.request(method, base_url, path, body, headers, *args, **kwargs)
-        worker = attempt.prefill if base_url == attempt.prefill.url else attempt.decode
+            self.span.event("abort", {"server.address": base_url})
+            return await self.client.request(method, base_url, path, body, headers, headers_timeout, on_sent)
+        prefill = base_url == self.prefill.url
+        worker = self.prefill if prefill else self.decode
         role = worker.role.value
-        leg = self.tracer.start_span(role, self.context, SpanKind.CLIENT, {
-            "pdcluster.role": role, "pdcluster.worker_id": worker.worker_id, "server.address": base_url,
-            "pdcluster.bootstrap_room": attempt.request.body["bootstrap_room"]})
+        leg = self.span.child(role, CLIENT, {"pdcluster.role": role, "pdcluster.worker_id": worker.worker_id,
+                                             "server.address": base_url, "pdcluster.bootstrap_room": self.room})
         carrier = dict(headers or {})
-        _PROPAGATOR.inject(carrier, trace.set_span_in_context(leg))
+        leg.traceparent(carrier)
         try:
-            response = await self.client.request(method, base_url, path, body, carrier, *args, **kwargs)
+            response = await self.client.request(method, base_url, path, body, carrier, headers_timeout, on_sent)
         except BaseException as exc:
             _failed(leg, exc)
             leg.end()
             raise
-        leg.set_attribute("http.response.status_code", response.status)
-        task = asyncio.current_task()
-        if worker is attempt.prefill and task is not None:  # the prefill half's own task: it ends with the half
+        leg.set("http.response.status_code", response.status)
+        if prefill and (task := asyncio.current_task()) is not None:  # the prefill half's own task: it ends with it
             task.add_done_callback(lambda done: _leg_done(leg, done))
         else:
             self.decode_leg = leg
         return response
 
-    def end(self, failure: HalfFailed | None = None) -> None:
+    def end(self, attempt: Attempt, failure: HalfFailed | None = None) -> None:
         """The attempt ended (its outcome is set): its span and the decode's leg end; a prefill may trail."""
         if self.ended:
             return
         self.ended = True
-        span, outcome = self.span, self.attempt.outcome
+        span, outcome = self.span, attempt.outcome
         if outcome is not None:
-            span.set_attribute("pdcluster.outcome", outcome.ending.value)
+            span.set("pdcluster.outcome", outcome.ending.value)
             failure = failure or outcome.failure
         if failure is not None:
-            span.set_attributes({"pdcluster.failure": failure.message, "pdcluster.retryable": failure.retryable,
-                                 "pdcluster.failed_worker": failure.worker.worker_id})
-            span.set_status(Status(StatusCode.ERROR, failure.message))
+            span.update({"pdcluster.failure": failure.message, "pdcluster.retryable": failure.retryable,
+                         "pdcluster.failed_worker": failure.worker.worker_id})
+            span.error(failure.message)
         if self.decode_leg is not None:
-            if failure is not None and failure.worker is self.attempt.decode:
+            if failure is not None and failure.worker is self.decode:
                 _failed(self.decode_leg, failure)
             self.decode_leg.end()
         span.end()
 
 
-def _failed(span: trace.Span, exc: BaseException) -> None:
-    span.set_status(Status(StatusCode.ERROR, getattr(exc, "message", None) or repr(exc)))
+def _failed(span: Span, exc: BaseException) -> None:
+    span.error(getattr(exc, "message", None) or repr(exc))
 
 
-def _leg_done(leg: trace.Span, task: asyncio.Future) -> None:
+def _leg_done(leg: Span, task: asyncio.Future) -> None:
     if task.cancelled():
-        leg.set_attribute("pdcluster.cancelled", True)
+        leg.set("pdcluster.cancelled", True)
     elif (exc := task.exception()) is not None:
         _failed(leg, exc)
     leg.end()

@@ -12,13 +12,13 @@ import time
 import httpx
 import pytest
 from opentelemetry.sdk import trace as sdk_trace
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pdcluster import otel
 from pdcluster.logs import JsonLineFormatter
-from router import tracing
+from router import trace_export, tracing
 from router.config import RouterConfig
 from tests.fakes import Behaviour, FakeWorker
 from tests.helpers import until
@@ -27,11 +27,25 @@ from tests.unit.test_router_pd import cluster
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 
 
+class LocalSink:
+    """The tests' sink: each record made a span at once, with the exporter process's conversion, and handed to
+    `processor` in this process (what the tests read is what the exporter process would send)."""
+
+    def __init__(self, processor: SpanProcessor):
+        self.processor, self.convert = processor, trace_export.converter()
+
+    def add(self, record: tuple) -> None:
+        self.processor.on_end(self.convert(record))
+
+    def close(self, timeout: float) -> None:
+        self.processor.shutdown()
+
+
 @pytest.fixture
 def spans(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
-    """Spans land here, at once (the real processor batches them in a thread)."""
+    """Spans land here, at once, made by the exporter process's conversion (the real sink batches them to it)."""
     exporter = InMemorySpanExporter()
-    monkeypatch.setattr(tracing, "span_processor", lambda: SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "make_sink", lambda *_: LocalSink(SimpleSpanProcessor(exporter)))
     return exporter
 
 
@@ -143,8 +157,9 @@ def test_the_router_refuses_variables_it_cannot_honour(monkeypatch):
         tracing.from_config(RouterConfig(bootstrap_url=None, tracing=True))
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")  # both exporters are installed
     made = tracing.from_config(RouterConfig(bootstrap_url=None, tracing=True))
-    assert made is not None
-    made.provider.shutdown()
+    assert made is not None and isinstance(made.sink, trace_export.ExporterProcess)
+    made.close()
+    assert made.sink.process.exitcode == 0  # its exporter process made the gRPC exporter, and ended with the pipe
 
 
 def logged(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, list[dict]]:

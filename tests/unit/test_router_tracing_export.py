@@ -1,8 +1,8 @@
-"""The router's spans over real OTLP/HTTP (its BatchSpanProcessor and OTLP exporter, configured by the OTEL_*
-variables) to an in-process receiver that decodes them as a collector does (bench/otlp_receiver.py), over fake
-workers: one trace per request with the attributes docs/operations.md promises. Then a collector that is down, and
-one that accepts and never answers: requests still answer at once, nothing piles up, and the router still stops
-within its bound."""
+"""The router's spans over real OTLP/HTTP (its exporter process: the SDK's BatchSpanProcessor and OTLP exporter,
+configured by the OTEL_* variables) to an in-process receiver that decodes them as a collector does
+(bench/otlp_receiver.py), over fake workers: one trace per request with the attributes docs/operations.md promises.
+Then a collector that is down, and one that accepts and never answers: requests still answer at once, nothing piles
+up, and the router still stops within its bound."""
 
 from __future__ import annotations
 
