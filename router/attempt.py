@@ -1,10 +1,8 @@
-"""One attempt of a request on one PD pair, from sending its halves to its end: the single owner of everything the
-attempt holds, as nano-vllm's `Sequence` is owned by one scheduler; with what every attempt shares (`Dispatcher`)
-and the prefill's half (`PrefillHalf`).
-
-Both halves get the same body at once (router/upstream.py); the client gets the decode's answer, relayed chunk by
-chunk if it is a stream. An attempt's life is its `state`: SENT, ANSWERING, then one of five endings. It holds the
-pair's books (in flight on both workers, each breaker's trial), the prefill half, the decode's response and a
+"""One attempt of a request on one PD pair, from sending its halves to its end, and the single owner of all it holds
+(as nano-vllm's `Sequence` is one scheduler's); with what every attempt shares (`Dispatcher`) and the prefill's half
+(`PrefillHalf`). Both halves get the same body at once (router/upstream.py); the client gets the decode's answer,
+relayed chunk by chunk if it is a stream. Its life is its `state`: SENT, ANSWERING, then one of five endings. It holds
+the pair's books (in flight on both workers, each breaker's trial), the prefill half, the decode's response and a
 stream's two deadline timers. `end()` gives all of it back, once, and records its `outcome` (ending, failure, the
 halves aborted: failures.halves_to_abort); a second `end()` does nothing, so any path that may end one calls it.
 """
@@ -86,8 +84,7 @@ class Dispatcher:
                     response = await self.client.request("POST", worker.url, "/abort_request",
                                                          orjson.dumps({"rid": rid}), _JSON)
                     await response.read()
-                log.info("abort sent", extra={"request_id": request_id, "rid": rid, "role": worker.role.value,
-                                              "worker": worker.url})
+                log.info("abort sent", extra={"request_id": request_id, "rid": rid, "worker": worker.url})
             except TRANSPORT_ERRORS as exc:
                 log.warning("abort failed", extra={"request_id": request_id, "rid": rid, "worker": worker.url,
                                                    "error": repr(exc)})
@@ -107,8 +104,7 @@ class Attempt:
             worker.breaker.on_attempt()
 
     async def answer(self) -> Answer | StreamAnswer:
-        """Send both halves and return the client's answer: whole, or a stream that ends the attempt when it ends.
-        A failure before the answer starts ends the attempt and raises HalfFailed (retryable or not)."""
+        """Both halves sent, the client's answer (a stream ends the attempt at its end); HalfFailed before it starts."""
         request = self.request
         try:
             raw = orjson.dumps(request.body)
@@ -226,7 +222,7 @@ class Attempt:
             worker.breaker.on_end()
             worker.in_flight -= 1
         if self.prefill_half is not None:
-            self.prefill_half.let_finish(self.d.background)
+            self.prefill_half.let_finish(self.d.background, delivered)
         if streamed and self.request.timed:  # the request's duration is its relay's (service.py times the rest)
             self.d.metrics.latency.labels(self.request.route).observe(time.monotonic() - self.request.started)
         self.outcome = Outcome(ending, failure, aborted)
@@ -234,15 +230,13 @@ class Attempt:
 
 class PrefillHalf:
     """The prefill's half, sent by a task; `future` holds its answer (or its HalfFailed), never relayed (waited for
-    its input logprobs only). The moment it fails, the decode's response is interrupted (no KV will come). It may
-    trail the decode's answer by PREFILL_GRACE. Its prompt tokens are on both workers' books meanwhile (liveness)."""
+    its input logprobs only). Failed, it interrupts the decode's response (no KV will come). It may trail it."""
 
     def __init__(self, client: UpstreamClient, worker: Worker, request: PdRequest, body: bytes, decode: Worker):
-        self.client, self.worker, self.body = client, worker, body
-        self.path, self.headers = request.route, request.headers
+        self.client, self.worker, self.body, self.request = client, worker, body, request
         self.failure: HalfFailed | None = None
         self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
-        self.prompt_tokens, self.books = request.checked.prompt_tokens, (worker, decode)
+        self.prompt_tokens, self.books = request.checked.prompt_tokens, [worker, decode]  # unbook() empties it
         for booked in self.books:
             booked.pending_prompt_tokens += self.prompt_tokens
         self.future: asyncio.Future = asyncio.ensure_future(self._send())
@@ -253,7 +247,7 @@ class PrefillHalf:
     async def _send(self) -> bytes:
         r = None
         try:
-            r = await self.client.request("POST", self.worker.url, self.path, self.body, self.headers)
+            r = await self.client.request("POST", self.worker.url, self.request.route, self.body, self.request.headers)
             payload = await r.read()
         except TRANSPORT_ERRORS as exc:
             raise failures.transport_failure(self.worker, exc) from None
@@ -270,9 +264,14 @@ class PrefillHalf:
         if self.failure is not None:
             decode.interrupt(self.failure)
 
-    def _done(self, future: asyncio.Future) -> None:
-        for booked in self.books:  # a decode waits for the KV of these tokens: its silence is not a stall
+    def unbook(self) -> None:
+        """The prompt off both workers' books (liveness, cache_aware), once: at this half's answer or the decode's."""
+        for booked in self.books:
             booked.pending_prompt_tokens -= self.prompt_tokens
+        self.books.clear()
+
+    def _done(self, future: asyncio.Future) -> None:
+        self.unbook()
         if not future.cancelled() and isinstance(error := future.exception(), HalfFailed):
             self.failure = error
             if self._decode is not None:
@@ -286,10 +285,11 @@ class PrefillHalf:
             raise HalfFailed(self.worker, 504, f"prefill {self.worker.worker_id} did not answer within "
                                                f"{PREFILL_GRACE:.0f}s of the decode") from None
 
-    def let_finish(self, background: set) -> None:
+    def let_finish(self, background: set, delivered: bool) -> None:
         """The attempt is over: let the prefill's answer finish in `background`, within PREFILL_GRACE."""
-        future = self.future
-        if future.done():
+        if delivered:
+            self.unbook()
+        if (future := self.future).done():
             return
         background.add(future)
         cutoff = asyncio.get_running_loop().call_later(PREFILL_GRACE, future.cancel)

@@ -110,6 +110,24 @@ def test_a_delivered_stream_reports_its_inter_token_latency_once():
     assert 0.09 <= rig.metric("pdcluster_router_itl_seconds_sum", route="/generate") < 0.5
 
 
+def test_a_delivered_answer_takes_its_prompt_off_the_books_though_the_prefills_answer_trails():
+    """The decode answered, so the KV came: the prefill's work is done, and a policy that costs its queue must not
+    count it (a trailing answer sent the next repeat of a cached prompt to the other prefill)."""
+    prefill, decode = FakeWorker(Behaviour(delay=1.0)), FakeWorker()
+    seen: dict = {}
+
+    async def whole(attempt: Attempt) -> Answer | StreamAnswer:
+        answer = await attempt.answer()
+        seen.update(booked=attempt.prefill_half.prompt_tokens > 0, trailing=not attempt.prefill_half.future.done(),
+                    after=[attempt.prefill.pending_prompt_tokens, attempt.decode.pending_prompt_tokens])
+        return answer
+
+    attempt, answer, rig = attempt_on(prefill, decode, {"text": "hi"}, whole)
+    assert attempt.outcome.ending is AttemptState.DELIVERED and answer.status == 200
+    assert seen == {"booked": True, "trailing": True, "after": [0, 0]}
+    assert rig.books()["prompt_tokens"] == 0  # and not taken off twice when the prefill's answer came
+
+
 def test_delivered_a_whole_answer():
     prefill, decode = FakeWorker(), FakeWorker(Behaviour(chunks=4))
 

@@ -200,16 +200,17 @@ def test_a_prefill_silent_in_a_long_forward_pass_keeps_its_requests_and_a_stuck_
     """A prefill busy with one long prompt: its /health waits and its snapshot stands still for 4 s, over the 1.5 s
     stall timeout, but the prompt in flight (~500 tokens estimated, at the default 0.02 s a token, times SAFETY)
     allows ~31 s: the request is answered and nothing is ejected. Silent with only a short prompt in flight, it is
-    ejected soon after its allowance (1.5 s + ~0.1 s). (A fake decode answers without KV, so the requests
-    themselves succeed: the point is the verdict on the prefill.)"""
+    ejected soon after its allowance (1.5 s + ~0.1 s). (The fake decode answers after the prefill, as a real one
+    whose KV comes from it; a delivered answer takes its prompt off the books.)"""
     prefill = FreezableWorker(Behaviour(delay=4.0))
-    with pd_cluster(prefill, [FreezableWorker(Behaviour())]) as url:
+    with pd_cluster(prefill, [FreezableWorker(Behaviour(delay=4.5))]) as url, ThreadPoolExecutor(1) as pool:
         prefill.stalled = True  # the forward pass: /health waits, nothing is published
-        assert httpx.post(f"{url}/generate", json={"text": "x" * 1000}, timeout=30).status_code == 200
+        answer = pool.submit(httpx.post, f"{url}/generate", json={"text": "x" * 1000}, timeout=30)
         seen, started = [], time.monotonic()
         while time.monotonic() - started < 3.5:  # within the prefill's 4 s forward pass: nothing is ejected
             seen.append(healthy(url)["static-prefill-0"])
             time.sleep(0.2)
+        assert answer.result().status_code == 200
         assert all(seen), seen
         prefill.stalled = False  # the forward pass is over: SGLang publishes and answers /health again
         time.sleep(1.0)
