@@ -39,7 +39,6 @@ PREFILL_GRACE = 30.0  # seconds a prefill's answer may trail the decode's before
 class AttemptState(Enum):
     SENT = "sent"  # both halves sent; the decode's answer has not started
     ANSWERING = "answering"  # the decode's answer started: both workers did their part
-    # The endings, one of which end() sets, once:
     DELIVERED = "delivered"  # a plain answer read whole, or a stream relayed to its last chunk
     CLIENT_GONE = "client gone"  # the client left (or the edge closed a stream whose relay never began)
     FAILED_BEFORE_FIRST_BYTE = "failed before the first byte"  # a half failed: the caller may retry on a new pair
@@ -237,8 +236,9 @@ class PrefillHalf:
         self.failure: HalfFailed | None = None
         self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
         self.prompt_tokens, self.books = request.checked.prompt_tokens, [worker, decode]  # unbook() empties it
+        self.work = self.prompt_tokens - (request.predicted_cached or 0)  # to compute: what cache_aware queues by
         for booked in self.books:
-            booked.pending_prompt_tokens += self.prompt_tokens
+            booked.book(self.prompt_tokens, self.work)
         self.future: asyncio.Future = asyncio.ensure_future(self._send())
         self.future.add_done_callback(self._done)
         if (prefilled := request.on_prefilled) is not None:  # a fan-out's first choice (router/fanout.py)
@@ -267,7 +267,7 @@ class PrefillHalf:
     def unbook(self) -> None:
         """The prompt off both workers' books (liveness, cache_aware), once: at this half's answer or the decode's."""
         for booked in self.books:
-            booked.pending_prompt_tokens -= self.prompt_tokens
+            booked.book(-self.prompt_tokens, -self.work)
         self.books.clear()
 
     def _done(self, future: asyncio.Future) -> None:

@@ -1,9 +1,10 @@
 """The `cache_aware` policy: the prefill that will finish the prompt first, from what each holds, by its own KV
 events (router/kv_events.py, router/kv_index.py), and how busy it is.
 
-Each candidate's cost is the prompt tokens it would still compute, queued ones included: the prompt tokens of this
-router's prefill halves on it not yet answered (`pending_prompt_tokens`), a fixed allowance per request in flight,
-and the request's own tokens less the ones it holds. The cheapest wins; ties go to the one holding more, then at
+Each candidate's cost is the prompt tokens it would still compute, queued ones included: what this router's prefill
+halves on it not yet answered will compute (`pending_work_tokens`: each prompt less what it was predicted to hold, so
+queued repeats of a prompt it holds are short work), a fixed allowance per request in flight, and the request's own
+tokens less the ones it holds. The cheapest wins; ties go to the one holding more, then at
 random. So a long cached prefix draws its traffic to its holder until that holder's queue costs more than the hit
 saves, and a small hit never outweighs a queue. What it holds is what SGLang reuses: whole pages, of all but the
 prompt's last token (SGLang computes at least one).
@@ -103,7 +104,7 @@ class CacheAware:
         def cost(w: Worker) -> tuple[float, float, float]:
             part = held.get(w.worker_id) or Held()
             hit = part.memory + (1 - STORED_TOKEN_COST) * part.stored
-            work = w.pending_prompt_tokens + REQUEST_TOKENS * w.in_flight + prompt_tokens - hit
+            work = w.pending_work_tokens + REQUEST_TOKENS * w.in_flight + prompt_tokens - hit
             return work, -hit, self._rng.random()
 
         return min(candidates, key=cost)

@@ -110,6 +110,8 @@ class Worker:
     # long a forward pass may take; on a decode, the KV it still awaits, during which a full pool can keep its /health
     # waiting; either way, before its silence means a stuck scheduler (router/liveness.py).
     pending_prompt_tokens: int = 0
+    # Of those, the ones it will compute, not hold (what cache_aware predicted): the queue a new request waits behind.
+    pending_work_tokens: int = 0
     incompatible: str = ""
     draining: bool = False  # taken out of the pool by an operator (the registry says so): finishes, takes nothing new
     instance_id: str | None = None  # its launcher's: a restarted worker is a new instance, admitted anew
@@ -120,6 +122,11 @@ class Worker:
     capabilities: WorkerCapabilities = field(default_factory=WorkerCapabilities)
     kv_events: KVEventsEndpoint | None = None  # where its SGLang publishes its KV events (router/kv_events.py)
     kv_store: KVStoreMembership | None = None  # the KV store on disk it reads and writes (router/kv_index.py)
+
+    def book(self, prompt_tokens: int, work_tokens: int) -> None:
+        """A prefill half's prompt on (positive) or off (negative) this worker's books."""
+        self.pending_prompt_tokens += prompt_tokens
+        self.pending_work_tokens += work_tokens
 
     @property
     def healthy(self) -> bool:

@@ -59,7 +59,7 @@ class Rig:
 
     def books(self) -> dict:
         return {"in_flight": [self.prefill.in_flight, self.decode.in_flight],
-                "prompt_tokens": self.prefill.pending_prompt_tokens,
+                "prompt_tokens": [self.prefill.pending_prompt_tokens, self.prefill.pending_work_tokens],
                 "breaker_failures": [self.prefill.breaker.failures, self.decode.breaker.failures],
                 "aborts": [self.metric("pdcluster_router_aborts_sent_total", role=r) for r in ("prefill", "decode")]}
 
@@ -94,7 +94,7 @@ def test_delivered_a_stream_gives_back_everything_and_aborts_nothing():
     attempt, chunks, rig = attempt_on(prefill, decode, STREAM, relay)
     assert attempt.outcome.ending is AttemptState.DELIVERED and attempt.outcome.aborted == ()
     assert b"".join(chunks).count(b"data: {") == 3
-    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [0, 0]}
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": [0, 0], "breaker_failures": [0, 0], "aborts": [0, 0]}
     assert prefill.aborted == decode.aborted == []
     assert rig.metric("pdcluster_router_ttft_seconds_count", route="/generate") == 1
     assert rig.metric("pdcluster_router_request_duration_seconds_count", route="/generate") == 1  # the relay's
@@ -125,7 +125,28 @@ def test_a_delivered_answer_takes_its_prompt_off_the_books_though_the_prefills_a
     attempt, answer, rig = attempt_on(prefill, decode, {"text": "hi"}, whole)
     assert attempt.outcome.ending is AttemptState.DELIVERED and answer.status == 200
     assert seen == {"booked": True, "trailing": True, "after": [0, 0]}
-    assert rig.books()["prompt_tokens"] == 0  # and not taken off twice when the prefill's answer came
+    assert rig.books()["prompt_tokens"] == [0, 0]  # and not taken off twice when the prefill's answer came
+
+
+def test_a_prompt_predicted_cached_books_only_what_the_prefill_will_compute():
+    """cache_aware weighs a prefill's queue by the tokens it will compute: a queued repeat of a prompt it holds is
+    little work, and must not send the next repeat to a prefill that holds nothing."""
+    seen: dict = {}
+
+    async def whole(attempt: Attempt) -> Answer | StreamAnswer:
+        attempt.request.predicted_cached = attempt.request.checked.prompt_tokens - 3
+        answering = asyncio.ensure_future(attempt.answer())
+        while attempt.prefill_half is None:
+            await asyncio.sleep(0.01)
+        seen.update(prompt=attempt.prefill.pending_prompt_tokens, work=attempt.prefill.pending_work_tokens,
+                    decode_work=attempt.decode.pending_work_tokens)
+        return await answering
+
+    attempt, answer, rig = attempt_on(FakeWorker(Behaviour(delay=0.5)), FakeWorker(Behaviour(delay=0.5)),
+                                      {"text": "the same long prompt " * 40}, whole)
+    assert answer.status == 200 and seen["prompt"] > 40
+    assert seen == {"prompt": attempt.request.checked.prompt_tokens, "work": 3, "decode_work": 3}
+    assert rig.books()["prompt_tokens"] == [0, 0]
 
 
 def test_delivered_a_whole_answer():
@@ -137,7 +158,7 @@ def test_delivered_a_whole_answer():
     attempt, answer, rig = attempt_on(prefill, decode, {"text": "hi"}, whole)
     assert isinstance(answer, Answer) and json.loads(answer.body)["output_ids"] == [0, 1, 2, 3]
     assert attempt.outcome.ending is AttemptState.DELIVERED
-    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [0, 0]}
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": [0, 0], "breaker_failures": [0, 0], "aborts": [0, 0]}
     assert rig.metric("pdcluster_router_request_duration_seconds_count", route="/generate") == 0  # service.py's
 
 
@@ -156,7 +177,7 @@ def test_client_gone_both_halves_are_aborted_and_no_worker_is_blamed(when):
     attempt, _, rig = attempt_on(prefill, decode, STREAM, leave)
     assert attempt.outcome.ending is AttemptState.CLIENT_GONE and attempt.outcome.failure is None
     assert attempt.outcome.aborted == (rig.prefill, rig.decode)
-    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [1, 1]}
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": [0, 0], "breaker_failures": [0, 0], "aborts": [1, 1]}
     assert prefill.aborted == decode.aborted == [decode.received[0]["rid"]]
     assert rig.metric("pdcluster_router_stream_errors_total", route="/generate") == 0
 
@@ -173,7 +194,7 @@ def test_client_gone_before_the_answer_started():
 
     attempt, _, rig = attempt_on(prefill, decode, {"text": "hi"}, cancelled)
     assert attempt.outcome.ending is AttemptState.CLIENT_GONE
-    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [1, 1]}
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": [0, 0], "breaker_failures": [0, 0], "aborts": [1, 1]}
 
 
 def test_failed_before_the_first_byte_the_failed_half_is_blamed_and_the_other_aborted():
@@ -188,7 +209,7 @@ def test_failed_before_the_first_byte_the_failed_half_is_blamed_and_the_other_ab
     assert isinstance(failure, HalfFailed) and failure.retryable and failure.worker is rig.decode
     assert attempt.outcome.ending is AttemptState.FAILED_BEFORE_FIRST_BYTE and attempt.outcome.failure is failure
     assert attempt.outcome.aborted == (rig.prefill,)
-    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 1], "aborts": [1, 0]}
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": [0, 0], "breaker_failures": [0, 1], "aborts": [1, 0]}
     assert rig.decode.probe_healthy  # a 5xx answer is the breaker's business; only a broken connection ejects
     assert rig.metric("pdcluster_router_worker_ejections_total", role="decode") == 0
 
@@ -201,7 +222,7 @@ def test_failed_after_the_first_byte_the_stream_ends_with_an_error_event_and_the
     error = json.loads(chunks[-1].removeprefix(b"data: "))["error"]
     assert error["code"] == 502 and "dropped the connection" in error["message"]
     assert attempt.outcome.aborted == (rig.prefill,)
-    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 1], "aborts": [1, 0]}
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": [0, 0], "breaker_failures": [0, 1], "aborts": [1, 0]}
     assert not rig.decode.probe_healthy  # out of rotation until a probe succeeds
     assert rig.metric("pdcluster_router_worker_ejections_total", role="decode") == 1
     assert rig.metric("pdcluster_router_stream_errors_total", route="/generate") == 1
@@ -214,7 +235,7 @@ def test_deadline_first_token_timeout_aborts_both_and_blames_no_worker():
     error = json.loads(chunks[-1].removeprefix(b"data: "))["error"]
     assert error["code"] == 504 and "first_token_timeout (0.5s)" in error["message"]
     assert attempt.outcome.aborted == (rig.prefill, rig.decode)
-    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [1, 1]}
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": [0, 0], "breaker_failures": [0, 0], "aborts": [1, 1]}
     assert rig.decode.probe_healthy
     assert rig.metric("pdcluster_router_stream_errors_total", route="/generate") == 1
 
@@ -229,4 +250,4 @@ def test_deadline_total_timeout_before_the_answer_started():
 
     attempt, _, rig = attempt_on(prefill, decode, {"text": "hi"}, timed_out, total_timeout=0.5)
     assert attempt.outcome.ending is AttemptState.DEADLINE
-    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": 0, "breaker_failures": [0, 0], "aborts": [1, 1]}
+    assert rig.books() == {"in_flight": [0, 0], "prompt_tokens": [0, 0], "breaker_failures": [0, 0], "aborts": [1, 1]}

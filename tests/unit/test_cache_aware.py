@@ -57,10 +57,19 @@ def test_the_holder_of_the_longest_prefix_wins():
 def test_load_outweighs_a_small_hit_not_a_large_one():
     workers = prefills(2)
     policy = policy_holding({"p0": 16, "p1": 0})
-    workers[0].pending_prompt_tokens, workers[0].in_flight = 2000, 2  # a queue far longer than the 16 tokens saved
+    workers[0].pending_work_tokens, workers[0].in_flight = 2000, 2  # a queue far longer than the 16 tokens saved
     assert policy.choose_for(workers, request(PROMPT)).worker_id == "p1"
     policy = policy_holding({"p0": 400, "p1": 0})
-    workers[0].pending_prompt_tokens = 100  # a short queue: the whole prompt cached is worth it
+    workers[0].pending_work_tokens = 100  # a short queue: the whole prompt cached is worth it
+    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p0"
+
+
+def test_queued_repeats_of_a_held_prompt_are_short_work_not_their_whole_prompts():
+    """Its queue costs what it will compute: three repeats of the prompt it holds queued on p0 (each 400 tokens, all
+    but a few held) still leave it the cheapest place for a fourth."""
+    workers = prefills(2)
+    policy = policy_holding({"p0": 400, "p1": 0})
+    workers[0].pending_prompt_tokens, workers[0].pending_work_tokens, workers[0].in_flight = 1200, 3 * 8, 3
     assert policy.choose_for(workers, request(PROMPT)).worker_id == "p0"
 
 
@@ -104,5 +113,5 @@ def test_one_candidate_is_no_choice_nothing_is_tokenized_or_counted():
 def test_a_worker_without_events_beside_indexed_ones_is_routed_by_load():
     workers = prefills(2)
     policy = policy_holding({"p0": 8})
-    workers[0].pending_prompt_tokens = 5000
+    workers[0].pending_work_tokens = 5000
     assert policy.choose_for(workers, request(PROMPT)).worker_id == "p1"  # p1: blind, idle

@@ -55,13 +55,13 @@ def test_a_replica_reads_what_the_other_wrote_and_memory_wins_until_its_queue_co
     routed = request(PROMPT)
     assert chooser.choose_for([p1, p2], routed).worker_id == "p2", "p2's memory beats p1's reading"
     assert chooser.choose_for([p0, p1], routed).worker_id == "p0" and routed.predicted_cached == 320
-    p0.pending_prompt_tokens = 60  # a queue shorter than what reading costs p1 (a quarter of 320 tokens): still p0
+    p0.pending_work_tokens = 60  # a queue shorter than what reading costs p1 (a quarter of 320 tokens): still p0
     assert chooser.choose_for([p0, p1], request(PROMPT)).worker_id == "p0"
-    p0.pending_prompt_tokens = 100  # longer: reading them on p1 is cheaper
+    p0.pending_work_tokens = 100  # longer: reading them on p1 is cheaper
     routed = request(PROMPT)
     assert chooser.choose_for([p0, p1], routed).worker_id == "p1"
     assert routed.predicted_cached == 320, "what the answer's cached_tokens will count (storage included)"
-    p1.pending_prompt_tokens = 10_000
+    p1.pending_work_tokens = 10_000
     assert chooser.choose_for([p1, prefill("p3", None)], request(PROMPT)).worker_id == "p3", "load still counts"
 
 
@@ -87,5 +87,5 @@ def test_known_by_its_store_alone_a_prefill_is_not_routed_blind():
     hold(chooser.index, p0, 400)
     chooser.index.drop("p0")  # both restarting, say: no events heard from either
     assert not chooser.index.heard("p0") and not chooser.index.heard("p1")
-    p1.pending_prompt_tokens = 50
+    p1.pending_work_tokens = 50
     assert {chooser.choose_for([p0, p1], request(PROMPT)).worker_id for _ in range(5)} == {"p0"}, "not round robin"
