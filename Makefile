@@ -15,7 +15,8 @@ MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap prometheus
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
-	bench-tracing bench-persistence bench-kv-handoff bench-clients bench-routing clean
+	bench-tracing bench-persistence bench-kv-handoff bench-clients bench-routing \
+	bench-routing-decision clean
 
 setup: system-packages venv model
 
@@ -121,6 +122,10 @@ bench-n:
 # bench/results/routing.json and .png.
 bench-routing:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL))
+
+# cache_aware's decision (tokenizing, the index walk) and its KV event stream, in the router's process (~1 min):
+bench-routing-decision:
+	$(PY) -m bench.routing_decision
 
 # One prompt's KV (1k-8k tokens of SmolLM2-135M) moved prefill -> decode through Mooncake's TCP transport as SGLang's
 # connector sends it, against a loopback socket moving the same bytes, with Mooncake's knobs (~2-3 min, no SGLang):

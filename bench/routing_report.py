@@ -92,8 +92,10 @@ def run_row(policy: str, repeat: int, answers: list[dict], oracle_cached: int, s
     for a in ok:
         by_prefill[a.get("prefill") or "?"] = by_prefill.get(a.get("prefill") or "?", 0) + 1
     predicted = [a["predicted"] for a in ok if a.get("predicted") is not None]
+    computed = sum(a.get("prompt_tokens") or 0 for a in ok) - cached  # what the prefills computed: their events' rate
     return {"policy": policy, "repeat": repeat, "requests": len(answers), "errors": len(answers) - len(ok),
             "seconds": round(seconds, 2), "cached_tokens": cached, "oracle_cached_tokens": oracle_cached,
+            "computed_tokens_per_s": round(computed / seconds, 1) if seconds > 0 else None,
             "cached_over_oracle": round(cached / oracle_cached, 4) if oracle_cached else None,
             "ttft_p50_s": percentile(ttfts, 0.5), "ttft_p90_s": percentile(ttfts, 0.9),
             "by_prefill": by_prefill, "predicted_cached_tokens": sum(predicted) if predicted else None}

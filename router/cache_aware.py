@@ -4,10 +4,15 @@ events (router/kv_events.py, router/kv_index.py), and how busy it is.
 Each candidate's cost is the prompt tokens it would still compute, queued ones included: what this router's prefill
 halves on it not yet answered will compute (`pending_work_tokens`: each prompt less what it was predicted to hold, so
 queued repeats of a prompt it holds are short work), a fixed allowance per request in flight, and the request's own
-tokens less the ones it holds. The cheapest wins; ties go to the one holding more, then at
-random. So a long cached prefix draws its traffic to its holder until that holder's queue costs more than the hit
-saves, and a small hit never outweighs a queue. What it holds is what SGLang reuses: whole pages, of all but the
-prompt's last token (SGLang computes at least one).
+tokens less the ones it holds; and, computing what another candidate holds, that much again (DUPLICATE_COST): the
+copy is work the cluster does for nothing and memory it spends twice, which a request's own time to finish does not
+see (measured without it: a tenant's second request, sent while its first was queued, went to the idle prefill, and
+every tenant ended up on both, 0.91 of the oracle's cached tokens, no more than round robin). The cheapest wins; ties
+go to the one holding more, then at random. So a long cached prefix draws its traffic to its holder until that
+holder's queue costs more than twice the hit, and a small hit never outweighs a queue. What it holds is what SGLang
+reuses: whole pages, of all but the prompt's last token (SGLang computes at least one); and what this router sent it
+in the last seconds, which its events tell only once computed (router/kv_routed.py: a burst sharing a new prefix goes
+to one prefill).
 
 A prefill with a KV store on disk also holds the pages after its memory's prefix that are on its store, wherever they
 came from: a replica sharing the store, or itself before a restart (router/kv_index.py). Reading them is cheaper than
@@ -37,12 +42,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from router.kv_index import Held, KvIndex
+from router.kv_routed import RoutedPrompts, chunk_keys, chunk_tokens
 from router.metrics import RouterMetrics
 from router.prompt_ids import Client, PromptTokens
 from router.request import PdRequest
 from router.workers import Worker
 
 REQUEST_TOKENS = 64  # what a request in flight costs besides its prompt tokens (scheduling, its transfer)
+DUPLICATE_COST = 1.0  # a token computed that another candidate holds, besides its computing (the docstring)
 STORED_TOKEN_COST = 0.25  # a prompt token read from the KV store, in computed tokens (the module's docstring)
 
 
@@ -60,6 +67,7 @@ class CacheAware:
 
     def __init__(self, fallback: Fallback, blind: Fallback, seed: int | None = None) -> None:
         self.index = KvIndex()
+        self.routed = RoutedPrompts()  # what it sent each prefill lately, before their events tell (kv_routed.py)
         self.tokens = PromptTokens()
         self.fallback, self.blind = fallback, blind
         # Set with the event subscriptions (router/kv_events.py: start): the metrics, and the client of `prepare`.
@@ -94,18 +102,26 @@ class CacheAware:
         if ids is None:
             return self._count("no_tokens", self.fallback.choose(candidates, request.hint))
         held = self.index.held([(w.worker_id, _store(w)) for w in indexed], ids, len(ids) - 1)
+        page = next((w.identity.page_size for w in indexed if w.identity is not None and w.identity.page_size), 1)
+        chunk = chunk_tokens(page)
+        keys = chunk_keys(ids, chunk, len(ids) - 1)
+        for worker_id, tokens in self.routed.held([w.worker_id for w in indexed], chunk, keys).items():
+            _also_holds(held.setdefault(worker_id, Held()), tokens)
         chosen = self.pick(candidates, held, len(ids))
+        self.routed.add(chosen.worker_id, chunk, keys)
         if request.checked.batch_size is None:  # a batch's answer counts all its prompts: no comparison
             request.predicted_cached = held.get(chosen.worker_id, Held()).tokens
         return self._count("indexed", chosen)
 
     def pick(self, candidates: Sequence[Worker], held: dict[str, Held], prompt_tokens: int) -> Worker:
         """The cheapest candidate (the module's docstring), given what each holds of a prompt's tokens."""
+        hits = {w.worker_id: _hit(held.get(w.worker_id) or Held()) for w in candidates}
+        best = max(hits.values())
+
         def cost(w: Worker) -> tuple[float, float, float]:
-            part = held.get(w.worker_id) or Held()
-            hit = part.memory + (1 - STORED_TOKEN_COST) * part.stored
+            hit = hits[w.worker_id]
             work = w.pending_work_tokens + REQUEST_TOKENS * w.in_flight + prompt_tokens - hit
-            return work, -hit, self._rng.random()
+            return work + DUPLICATE_COST * (best - hit), -hit, self._rng.random()
 
         return min(candidates, key=cost)
 
@@ -118,8 +134,21 @@ class CacheAware:
         return chosen
 
     def worker_removed(self, worker_id: str) -> None:
+        self.routed.drop(worker_id)
         self.fallback.worker_removed(worker_id)
         self.blind.worker_removed(worker_id)
+
+
+def _hit(held: Held) -> float:
+    """What holding `held` saves, in computed tokens."""
+    return held.memory + (1 - STORED_TOKEN_COST) * held.stored
+
+
+def _also_holds(held: Held, tokens: int) -> None:
+    """`held` with the first `tokens` in memory (a prompt routed there lately), if that is more."""
+    if tokens > held.memory:
+        held.stored = max(0, held.stored - (tokens - held.memory))
+        held.memory = tokens
 
 
 def _store(worker: Worker) -> str | None:

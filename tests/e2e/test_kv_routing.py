@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,23 +18,37 @@ from tests.helpers import until
 PORT = 18100
 
 
+class RouterProcess:
+    """A cache_aware router of its own on the shared cluster's workers, which a test may restart."""
+
+    def __init__(self, config: Path):
+        self.config, self.process = config, None
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120)
+
+    def start(self) -> None:
+        with (self.config.parent / "router.log").open("a") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "router", "--config", str(self.config)], cwd=REPO,
+                                            stdout=log, stderr=subprocess.STDOUT)
+        assert until(lambda: _ready(self.client), 120, 0.5), (self.config.parent / "router.log").read_text()[-3000:]
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
 @pytest.fixture(scope="module")
 def cache_router(cluster, tmp_path_factory):
     config = tmp_path_factory.mktemp("kv-routing") / "router.yaml"
     config.write_text(f"host: 127.0.0.1\nport: {PORT}\nbootstrap_url: {cluster.spec.bootstrap_url}\n"
                       "prefill_policy: cache_aware\nexpose_worker_ids: true\nlog_level: info\n")
-    log = (config.parent / "router.log").open("w")
-    process = subprocess.Popen([sys.executable, "-m", "router", "--config", str(config)], cwd=REPO, stdout=log,
-                               stderr=subprocess.STDOUT)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120)
+    router = RouterProcess(config)
     try:
-        assert until(lambda: _ready(client), 120, 0.5), (config.parent / "router.log").read_text()[-3000:]
-        yield client
+        router.start()
+        yield router
     finally:
-        client.close()
-        process.terminate()
-        process.wait(30)
-        log.close()
+        router.client.close()
+        router.stop()
 
 
 def _ready(client: httpx.Client) -> bool:
@@ -54,18 +69,35 @@ def send(client: httpx.Client, text: str) -> tuple[str, int, int | None]:
 
 
 def test_a_prompts_repeats_go_to_the_prefill_that_holds_it(cache_router):
+    client = cache_router.client
     shared = words("kv-routing", 600)
-    first, _, _ = send(cache_router, shared + " " + words("suffix-0", 20))
+    first, _, _ = send(client, shared + " " + words("suffix-0", 20))
     # The prefill's BlockStored events reach the router after its batch: wait until it has indexed some pages.
-    assert until(lambda: _indexed(cache_router, first), 30, 0.2), cache_router.get("/metrics").text[-3000:]
-    landed = [send(cache_router, shared + " " + words(f"suffix-{i}", 20)) for i in range(1, 7)]
+    assert until(lambda: _indexed(client, first), 30, 0.2), client.get("/metrics").text[-3000:]
+    landed = [send(client, shared + " " + words(f"suffix-{i}", 20)) for i in range(1, 7)]
     assert {prefill for prefill, _, _ in landed} == {first}, landed
     assert min(cached for _, cached, _ in landed) >= 500, landed  # most of the ~600-word shared part
     # By the last one the index holds the shared part's pages, and the answer's header says it expected them.
     assert (landed[-1][2] or 0) >= 500, landed
-    metrics = cache_router.get("/metrics").text
+    metrics = client.get("/metrics").text
     assert 'pdcluster_router_routing_decisions_total{kind="indexed"}' in metrics
     assert 'pdcluster_router_kv_prediction_tokens_total{kind="actual"}' in metrics
+
+
+def test_a_restarted_router_rebuilds_its_index_from_the_publishers_before_routing(cache_router):
+    """A router that restarts is not blind: it replays what each prefill's publisher still buffers (SGLang keeps its
+    last 10,000 batches), so a prompt served before the restart draws its repeat to its holder, predicted."""
+    client = cache_router.client
+    shared = words("kv-routing-restart", 600)
+    first, _, _ = send(client, shared + " " + words("before", 20))
+    assert until(lambda: _indexed(client, first), 30, 0.2), client.get("/metrics").text[-3000:]
+    cache_router.stop()
+    cache_router.start()
+    # Nothing was sent since: what the new router's index holds came from the replay.
+    assert until(lambda: _indexed(client, first), 30, 0.2), client.get("/metrics").text[-3000:]
+    prefill, cached, predicted = send(client, shared + " " + words("after", 20))
+    assert prefill == first and cached >= 500 and (predicted or 0) >= 500, (prefill, first, cached, predicted)
+    assert 'pdcluster_router_routing_decisions_total{kind="blind"}' not in client.get("/metrics").text
 
 
 def _indexed(client: httpx.Client, worker_id: str) -> bool:

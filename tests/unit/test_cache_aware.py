@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pdcluster.protocol import ModelIdentity, Role
 from router.cache_aware import CacheAware
+from router.kv_routed import RoutedPrompts
 from router.kv_wire import Stored
 from router.metrics import RouterMetrics
 from router.pairing import make_policy
@@ -32,6 +33,7 @@ def policy_holding(held: dict[str, int]) -> CacheAware:
     policy = make_policy("cache_aware")
     assert isinstance(policy, CacheAware)
     policy.metrics = RouterMetrics(WorkerPool())
+    policy.routed = RoutedPrompts(ttl=0)  # the index alone: what was routed is forgotten at once
     for worker_id, tokens in held.items():
         index = policy.index.open(worker_id, PAGE)
         pages = tokens // PAGE
@@ -71,6 +73,19 @@ def test_queued_repeats_of_a_held_prompt_are_short_work_not_their_whole_prompts(
     policy = policy_holding({"p0": 400, "p1": 0})
     workers[0].pending_prompt_tokens, workers[0].pending_work_tokens, workers[0].in_flight = 1200, 3 * 8, 3
     assert policy.choose_for(workers, request(PROMPT)).worker_id == "p0"
+
+
+def test_a_burst_sharing_a_new_prefix_goes_where_its_first_went_before_any_event_tells():
+    """The prefill publishes a prompt's pages once it computed them: until then, what this router sent it counts."""
+    workers = prefills(2)
+    policy = policy_holding({"p0": 8, "p1": 8})  # both heard of, neither holds the new prompt
+    policy.routed = RoutedPrompts()
+    new = list(range(1000, 1400))
+    first = policy.choose_for(workers, request(new))
+    first.pending_work_tokens, first.in_flight = 400, 1  # its prefill half is queued there
+    for suffix in range(3):
+        follower = request([*new[:384], *range(2000 + suffix * 16, 2016 + suffix * 16)])
+        assert policy.choose_for(workers, follower) is first and follower.predicted_cached == 384
 
 
 def test_blind_it_routes_as_round_robin_and_without_token_ids_by_the_prompts_text():

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pdcluster.protocol import KVStoreMembership, Role, WorkerRegistration
 from router.cache_aware import CacheAware
 from router.kv_index import KvIndex
+from router.kv_routed import RoutedPrompts
 from router.kv_wire import Removed, Stored
 from router.pairing import make_policy
 from router.workers import Worker
@@ -24,6 +25,7 @@ def prefill(worker_id: str, store: KVStoreMembership | None) -> Worker:
 def policy() -> CacheAware:
     made = make_policy("cache_aware")
     assert isinstance(made, CacheAware)
+    made.routed = RoutedPrompts(ttl=0)  # the index alone: what was routed is forgotten at once
     return made
 
 
@@ -55,9 +57,10 @@ def test_a_replica_reads_what_the_other_wrote_and_memory_wins_until_its_queue_co
     routed = request(PROMPT)
     assert chooser.choose_for([p1, p2], routed).worker_id == "p2", "p2's memory beats p1's reading"
     assert chooser.choose_for([p0, p1], routed).worker_id == "p0" and routed.predicted_cached == 320
-    p0.pending_work_tokens = 60  # a queue shorter than what reading costs p1 (a quarter of 320 tokens): still p0
+    # p1 would read what p0 holds in memory: a quarter of 320 computed tokens, and as much again for the copy.
+    p0.pending_work_tokens = 150  # a queue shorter than those 160: still p0
     assert chooser.choose_for([p0, p1], request(PROMPT)).worker_id == "p0"
-    p0.pending_work_tokens = 100  # longer: reading them on p1 is cheaper
+    p0.pending_work_tokens = 200  # longer: reading them on p1 is cheaper
     routed = request(PROMPT)
     assert chooser.choose_for([p0, p1], routed).worker_id == "p1"
     assert routed.predicted_cached == 320, "what the answer's cached_tokens will count (storage included)"

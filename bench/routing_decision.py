@@ -1,0 +1,180 @@
+"""`python -m bench.routing_decision` (`make bench-routing-decision`, ~1 min, no SGLang): what the cache_aware policy
+costs the router, in its own process, on its real code. A harness, not a cluster: the model's real tokenizer and chat
+template (SmolLM2's, from models/), and KV event batches made by SGLang 0.5.23's own classes in its wire form, but no
+engine sends them.
+
+- A decision: `CacheAware.choose_for` for a /generate text and a chat of ~1k and ~8k tokens, between two indexed
+  prefills of which one holds the prompt's first half (page size 1, as SGLang on CPU publishes): tokenizing (and
+  rendering the chat), walking the index, weighing load. Timed one by one, p50/p99 over repeats.
+- The event stream: `Subscription.receive` (decode, check the sequence, index) of BlockStored batches, as a prefill
+  sends one per prompt it computed: CPU time per stored token, and the share of a core it costs at the routing
+  benchmark's rate (the prompt tokens its prefills computed per second, from bench/results/routing.json), or at
+  FALLBACK_RATE if that has not run.
+Writes bench/results/routing-decision.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench import report
+from bench.routing_report import WORDS
+from pdcluster.protocol import KVEventsEndpoint, ModelIdentity, Role
+from router.cache_aware import CacheAware
+from router.kv_events import Subscription
+from router.kv_wire import Stored
+from router.metrics import RouterMetrics
+from router.pairing import make_policy
+from router.request import PdRequest
+from router.validation import check_chat, check_generate
+from router.workers import Worker, WorkerPool
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parent.parent
+MODEL = "models/smollm2-135m-instruct"
+TARGET_MS = 1.0  # the decision's p99 for an 8k-token prompt
+TARGET_CORE = 0.05  # the event stream's share of a core at the benchmark's load
+FALLBACK_RATE = 2000.0  # prompt tokens computed per second by both prefills, if routing.json is missing
+ROUTING_JSON = RESULTS / "routing.json"
+
+
+def text_of(tokens: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(tokens))  # about a token a word (bench/routing_report.py)
+
+
+def request_of(route: str, text: str) -> PdRequest:
+    if route == "/generate":
+        body: dict = {"text": text, "sampling_params": {"max_new_tokens": 8}}
+        checked = check_generate(body)
+    else:
+        body = {"model": "m", "messages": [{"role": "system", "content": text[: len(text) // 2]},
+                                           {"role": "user", "content": text[len(text) // 2:]}]}
+        checked = check_chat(body)
+    return PdRequest(route, "r", body, checked, 0.0, 60.0)
+
+
+def policy_for(model_path: str) -> tuple[CacheAware, list[Worker]]:
+    policy = make_policy("cache_aware")
+    assert isinstance(policy, CacheAware)
+    policy.metrics = RouterMetrics(WorkerPool())
+    identity = ModelIdentity(model_path=model_path, served_model_name="m", page_size=1, kv_cache_dtype="auto",
+                             transfer_backend="mooncake")
+    workers = [Worker(f"p{i}", Role.PREFILL, f"http://p{i}", "h", 9000 + i, identity=identity) for i in range(2)]
+    asyncio.run(policy.tokens.load(model_path))
+    return policy, workers
+
+
+def decision(policy: CacheAware, workers: list[Worker], route: str, tokens: int, repeats: int) -> dict:
+    text = text_of(tokens, seed=tokens)
+    probe = request_of(route, text)
+    ids = policy.tokens.of(probe, workers[0].identity.model_path)  # type: ignore[union-attr]
+    assert ids, "no ids: the tokenizer did not load"
+    for worker in workers:  # p0 holds the first half, p1 a short prefix: a real walk on both
+        held = len(ids) // 2 if worker.worker_id == "p0" else 16
+        policy.index.open(worker.worker_id, 1).apply(
+            Stored(tuple(range(1, held + 1)), None, tuple(ids[:held]), 1, "GPU"))
+    times = []
+    for _ in range(repeats):
+        request = request_of(route, text)
+        start = time.perf_counter()
+        chosen = policy.choose_for(workers, request)
+        times.append(time.perf_counter() - start)
+        assert chosen.worker_id == "p0"
+    ms = sorted(t * 1000 for t in times)
+    return {"route": route, "prompt_tokens": len(ids), "repeats": repeats, "p50_ms": round(statistics.median(ms), 4),
+            "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 4), "max_ms": round(ms[-1], 4)}
+
+
+def event_stream(prompt_tokens: int, batches: int) -> dict:
+    import msgspec
+    from sglang.srt.disaggregation.kv_events import BlockStored, KVEventBatch
+
+    index_owner = make_policy("cache_aware")
+    assert isinstance(index_owner, CacheAware)
+    metrics = RouterMetrics(WorkerPool())
+    identity = ModelIdentity(model_path="m", served_model_name="m", page_size=1, kv_cache_dtype="auto",
+                             transfer_backend="mooncake")
+    worker = Worker("p0", Role.PREFILL, "http://p0", "h", 9000, identity=identity)
+    endpoint = KVEventsEndpoint(host="127.0.0.1", port=1)
+    subscription = Subscription(None, worker, endpoint, index_owner.index, metrics)  # type: ignore[arg-type]
+    index_owner.index.open("p0", 1)
+    rng = random.Random(0)
+    messages = []
+    for sequence in range(batches):
+        tokens = [rng.randrange(49152) for _ in range(prompt_tokens)]
+        hashes = [rng.getrandbits(63) for _ in range(prompt_tokens)]
+        event = BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=tokens, block_size=1, lora_id=None,
+                            medium="GPU")
+        payload = msgspec.msgpack.encode(KVEventBatch(ts=time.time(), events=[event]))
+        messages.append([b"", sequence.to_bytes(8, "big"), payload])
+    start = time.process_time()
+    for message in messages:
+        subscription.receive(message)
+    cpu = time.process_time() - start
+    per_token_us = cpu / (batches * prompt_tokens) * 1e6
+    rate, source = FALLBACK_RATE, f"FALLBACK_RATE ({FALLBACK_RATE:g} tokens/s)"
+    if ROUTING_JSON.exists():
+        runs = [r for r in json.loads(ROUTING_JSON.read_text())["runs"] if r.get("computed_tokens_per_s")]
+        if runs:
+            rate = max(r["computed_tokens_per_s"] for r in runs)
+            source = f"{ROUTING_JSON.name}: the fastest run's prompt tokens computed per second"
+    return {"batches": batches, "tokens_per_batch": prompt_tokens, "cpu_us_per_token": round(per_token_us, 4),
+            "tokens_per_s": round(rate, 1), "rate_from": source, "core_share": round(per_token_us * rate / 1e6, 5),
+            "index_pages": index_owner.index.size("p0")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.routing_decision", description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=300)
+    args = parser.parse_args()
+    started = time.time()
+    policy, workers = policy_for(str(REPO / MODEL))
+    decisions = [decision(policy, workers, route, tokens, args.repeats)
+                 for route in ("/generate", "/v1/chat/completions") for tokens in (1000, 8000)]
+    events = event_stream(1000, 200)
+    longest = [d for d in decisions if d["prompt_tokens"] > 4000]
+    verdict = {"decision_p99_ms_8k": max(d["p99_ms"] for d in longest), "decision_target_ms": TARGET_MS,
+               "event_core_share": events["core_share"], "event_target_core_share": TARGET_CORE}
+    verdict["met"] = verdict["decision_p99_ms_8k"] <= TARGET_MS and events["core_share"] <= TARGET_CORE
+    result = {"benchmark": "cache_aware's decision and KV event stream, in the router's process (a harness: no "
+                           "engine; SGLang's event classes, SmolLM2's tokenizer)",
+              "machine": report.machine(), "wall_seconds": round(time.time() - started, 1),
+              "decisions": decisions, "events": events, "verdict": verdict}
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "routing-decision.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(decisions, RESULTS / "routing-decision.png")
+    print(json.dumps({"decisions": decisions, "events": events, "verdict": verdict}, indent=1))
+    return 0
+
+
+def plot(decisions: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    labels = [f"{d['route'].rsplit('/', 1)[-1]}\n{d['prompt_tokens']} tokens" for d in decisions]
+    x = range(len(decisions))
+    ax.bar([i - 0.2 for i in x], [d["p50_ms"] for d in decisions], 0.4, label="p50")
+    ax.bar([i + 0.2 for i in x], [d["p99_ms"] for d in decisions], 0.4, label="p99")
+    ax.axhline(TARGET_MS, color="red", linestyle="--", label=f"target p99 at 8k ({TARGET_MS} ms)")
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel("ms per decision")
+    ax.set_title("cache_aware's decision in the router (2 prefills, page size 1)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
