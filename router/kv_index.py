@@ -25,7 +25,7 @@ first (no removal comes), and at most MAX_IDLE_STORES stores no subscribed worke
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from router.kv_wire import Cleared, Event, Removed, Stored
@@ -40,6 +40,20 @@ ON_STORE = frozenset({"CPU_PINNED", "DISK", "EXTERNAL"})  # with a store: on it 
 def page_key(parent_key: int, tokens: Sequence[int]) -> int:
     # CPython hashes tuples of ints the same in every process (no PYTHONHASHSEED), and in C: ~0.1 us a small page.
     return hash((parent_key, tuple(tokens)))
+
+
+def _keys(token_ids: Sequence[int], size: int, end: int) -> Iterator[int]:
+    """The keys of the whole pages in the first `end` tokens, in order (page_key's; a page of 1 without its slices:
+    4x faster, and at page size 1 an 8k-token prompt has 8k keys)."""
+    key = ROOT
+    if size == 1:
+        for token in token_ids[:end]:
+            key = hash((key, (token,)))
+            yield key
+    else:
+        for start in range(0, end - size + 1, size):
+            key = page_key(key, token_ids[start:start + size])
+            yield key
 
 
 @dataclass(slots=True)
@@ -261,9 +275,8 @@ class KvIndex:
                 stored = store.keys if store is not None and store.block_size == size else {}
                 by_size.setdefault(size, []).append((memory, stored, found.setdefault(worker_id, Held())))
         for size, walks in by_size.items():
-            key, depth = ROOT, 0
-            while walks and (depth + 1) * size <= end:
-                key = page_key(key, token_ids[depth * size:(depth + 1) * size])
+            depth = 0
+            for key in _keys(token_ids, size, end):
                 depth += 1
                 going = []
                 for walk in walks:
@@ -276,4 +289,6 @@ class KvIndex:
                         continue
                     going.append(walk)
                 walks = going
+                if not walks:
+                    break
         return found

@@ -30,6 +30,7 @@ import orjson
 
 from router import chat_template
 from router.chat_template import ChatTemplate
+from router.token_pieces import PieceTokenizer
 from router.upstream_response import UpstreamError
 
 log = logging.getLogger("pdcluster.router")
@@ -76,7 +77,7 @@ class Client(Protocol):  # router/upstream.py's UpstreamClient (not imported: a 
 
 class PromptTokens:
     def __init__(self) -> None:
-        self.tokenizers: dict[str, Any] = {}  # model path -> tokenizers.Tokenizer, or None: cannot be loaded
+        self.tokenizers: dict[str, PieceTokenizer | None] = {}  # model path -> its tokenizer; None: cannot be loaded
         self.templates: dict[str, ChatTemplate | None] = {}  # model path -> its chat template, compiled, if any
         self.remotes: set[str] = set()  # model paths whose tokenizer this router cannot read: a worker's /tokenize
         self._failed: set[str] = set()  # workers whose /tokenize failed, logged once each
@@ -138,32 +139,32 @@ class PromptTokens:
         return _encode(tokenizer, prompt, special=True) if isinstance(prompt, str) else None
 
 
-def _chat(tokenizer: Any, template: ChatTemplate, body: dict[str, Any]) -> list[int] | None:
+def _chat(tokenizer: PieceTokenizer, template: ChatTemplate, body: dict[str, Any]) -> list[int] | None:
     rendered = template.render(body)
     if rendered is None:
         return None
     ids = _encode(tokenizer, rendered.text, special=False)
     if rendered.continued and len(rendered.text) + len(rendered.continued) <= MAX_CHARS:  # else: ids of a prefix
-        more = tokenizer.encode(rendered.continued).ids  # SGLang: with special tokens, less a leading BOS
+        more = tokenizer.encode(rendered.continued, special=True)  # SGLang: with special tokens, less a leading BOS
         bos = template.special.get("bos_token")
-        if more and bos is not None and more[0] == tokenizer.token_to_id(bos):
+        if more and bos is not None and more[0] == tokenizer.tokenizer.token_to_id(bos):
             more = more[1:]
         ids += more
     return ids
 
 
-def _encode(tokenizer: Any, text: str, special: bool) -> list[int]:
+def _encode(tokenizer: PieceTokenizer, text: str, special: bool) -> list[int]:
     """The ids of at most MAX_CHARS of `text`, less the last few of a cut one (the module's docstring)."""
-    ids: list[int] = tokenizer.encode(text[:MAX_CHARS], add_special_tokens=special).ids
+    ids = tokenizer.encode(text[:MAX_CHARS], special)
     return ids if len(text) <= MAX_CHARS else ids[:-BOUNDARY_TOKENS]
 
 
-def _load(model_path: str) -> tuple[Any, ChatTemplate | None]:
+def _load(model_path: str) -> tuple[PieceTokenizer | None, ChatTemplate | None]:
     folder = Path(model_path).expanduser()
     try:
         from tokenizers import Tokenizer  # SGLang's dependency, through transformers
 
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tokenizer = PieceTokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")), model_path)
     except Exception as exc:  # a hub id, a folder this router cannot read, a slow tokenizer only
         log.warning("cache_aware: no tokenizer for %s here (%s); its prompts' ids come from the workers' /tokenize",
                     model_path, type(exc).__name__)

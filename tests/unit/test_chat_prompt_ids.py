@@ -140,7 +140,7 @@ def test_what_the_renderer_cannot_follow_is_none(tmp_path: Path):
     raising = tokens_for(tmp_path)
     assert raising.of(chat({"messages": [{"role": "user", "content": "hi"}]}), str(tmp_path)) is None
     ok = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]}
-    assert raising.of(chat(ok), str(tmp_path)) == raising.tokenizers[str(tmp_path)].encode("shi").ids
+    assert raising.of(chat(ok), str(tmp_path)) == raising.tokenizers[str(tmp_path)].encode("shi", special=True)
     (tmp_path / "chat_template.jinja").write_text("{{ messages.__class__.__mro__ }}")  # the sandbox refuses it
     assert tokens_for(tmp_path).of(chat(ok), str(tmp_path)) is None
     (tmp_path / "chat_template.jinja").write_text("{% for %}")  # does not compile: no template, text still works

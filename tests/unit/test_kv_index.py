@@ -178,3 +178,13 @@ def test_stores_without_workers_are_kept_a_few_the_longest_idle_going_first():
         kv.open(f"w{i}", PAGE, names[i])
         kv.drop(f"w{i}")
     assert list(kv.stores) == [names[2], *names[4:8]], "the longest idle one went; the one in use stays"
+
+
+def test_at_page_size_one_a_prompt_matches_token_by_token():
+    """SGLang on CPU (and many GPU backends) publishes pages of one token: the walk's fast path keys them as the
+    events' pages are keyed."""
+    kv = KvIndex()
+    kv.open("a", 1).apply(Stored(tuple(range(1, 13)), None, tuple(PROMPT[:12]), 1, "GPU"))
+    assert kv.match(["a"], PROMPT) == {"a": 12}
+    assert kv.match(["a"], [*PROMPT[:7], 0, *PROMPT[8:]]) == {"a": 7}
+    assert kv.match(["a"], PROMPT, limit=5) == {"a": 5}
