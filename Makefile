@@ -16,7 +16,7 @@ APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io deboo
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
 	bench-tracing bench-persistence bench-kv-handoff bench-clients bench-routing \
-	bench-routing-decision clean
+	bench-routing-decision bench-routing-restarts clean
 
 setup: system-packages venv model
 
@@ -122,6 +122,10 @@ bench-n:
 # bench/results/routing.json and .png.
 bench-routing:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL))
+
+# cache_aware across a router restart and a prefill restart on real SGLang (~12 min):
+bench-routing-restarts:
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing_restarts
 
 # cache_aware's decision (tokenizing, the index walk) and its KV event stream, in the router's process (~1 min):
 bench-routing-decision:

@@ -73,3 +73,19 @@ def test_the_dry_run_starts_nothing_and_shows_the_workload_and_its_oracle(demo_m
     shown = json.loads(capsys.readouterr().out)
     assert shown["shape"]["tenants"] == 2 and sum(shown["requests_per_tenant"]) == 12
     assert 0 < shown["oracle_cached_tokens (page 1)"] < shown["prompt_tokens"]
+
+
+def test_restarts_recovery_is_when_four_answers_in_a_row_hold_nine_tenths_of_steady():
+    from bench import routing_restarts as restarts
+
+    def answer(ended: float, cached: int, error: bool = False) -> dict:
+        return {"ended": ended, "cached_tokens": cached, "prompt_tokens": 100, "error": "x" if error else None}
+
+    answers = [answer(9.0, 90), answer(11.0, 0), answer(12.0, 90), answer(13.0, 0, error=True), answer(14.0, 90),
+               answer(15.0, 90), answer(16.0, 90), answer(17.0, 90)]
+    # From 10 s on: 0, 90, (failed: not counted), 90, 90, 90 -> the window starting at 12 s averages 0.9 >= 0.9 * 0.9.
+    assert restarts.recovery(answers, 10.0, 0.9) == 2.0
+    assert restarts.recovery(answers, 10.0, 1.5) is None  # never back
+    row = restarts.phase_row("p", answers, {"indexed": 99.0, "blind": 1.0}, 10.0, 0.9)
+    assert row["errors"] == 1 and row["blind_share"] == 0.01 and row["seconds_to_recover"] == 2.0
+    assert row["hit_ratio"] == round((0.9 * 6) / 7, 4)
