@@ -231,10 +231,11 @@ def start(policy: object, pool: WorkerPool, metrics: RouterMetrics, client: Clie
     policy.metrics, policy.client = metrics, client
     loading: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
-    def ready_tokenizer(worker: Worker) -> None:
+    def subscribed(worker: Worker) -> None:
+        policy.routed.drop(worker.worker_id)  # a new instance (or publisher): what it was sent is not in its memory
         if worker.identity is not None:
             task = asyncio.get_running_loop().create_task(policy.tokens.load(worker.identity.model_path))
             loading.add(task)
             task.add_done_callback(loading.discard)
 
-    return [asyncio.create_task(follow_kv_events(pool, policy.index, metrics, [ready_tokenizer]))]
+    return [asyncio.create_task(follow_kv_events(pool, policy.index, metrics, [subscribed]))]

@@ -19,11 +19,13 @@ PORT = 18100
 
 
 class RouterProcess:
-    """A cache_aware router of its own on the shared cluster's workers, which a test may restart."""
+    """A cache_aware router of its own over a cluster's workers (its bootstrap service's), which a test may restart."""
 
-    def __init__(self, config: Path):
-        self.config, self.process = config, None
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120)
+    def __init__(self, directory: Path, bootstrap_url: str, port: int = PORT):
+        self.config, self.process = directory / "router.yaml", None
+        self.config.write_text(f"host: 127.0.0.1\nport: {port}\nbootstrap_url: {bootstrap_url}\n"
+                               "prefill_policy: cache_aware\nexpose_worker_ids: true\nlog_level: info\n")
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
 
     def start(self) -> None:
         with (self.config.parent / "router.log").open("a") as log:
@@ -39,10 +41,7 @@ class RouterProcess:
 
 @pytest.fixture(scope="module")
 def cache_router(cluster, tmp_path_factory):
-    config = tmp_path_factory.mktemp("kv-routing") / "router.yaml"
-    config.write_text(f"host: 127.0.0.1\nport: {PORT}\nbootstrap_url: {cluster.spec.bootstrap_url}\n"
-                      "prefill_policy: cache_aware\nexpose_worker_ids: true\nlog_level: info\n")
-    router = RouterProcess(config)
+    router = RouterProcess(tmp_path_factory.mktemp("kv-routing"), cluster.spec.bootstrap_url)
     try:
         router.start()
         yield router
@@ -100,8 +99,14 @@ def test_a_restarted_router_rebuilds_its_index_from_the_publishers_before_routin
     assert 'pdcluster_router_routing_decisions_total{kind="blind"}' not in client.get("/metrics").text
 
 
-def _indexed(client: httpx.Client, worker_id: str) -> bool:
+def index_pages(client: httpx.Client) -> dict[str, float]:
+    """The pages the router's KV index holds per prefill (in memory), by its metric."""
+    found = {}
     for line in client.get("/metrics").text.splitlines():
-        if line.startswith(f'pdcluster_router_kv_index_pages{{worker="{worker_id}"}}'):
-            return float(line.rsplit(" ", 1)[1]) > 0
-    return False
+        if line.startswith('pdcluster_router_kv_index_pages{worker="'):
+            found[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def _indexed(client: httpx.Client, worker_id: str) -> bool:
+    return index_pages(client).get(worker_id, 0) > 0
