@@ -236,7 +236,7 @@ class PrefillHalf:
         self.failure: HalfFailed | None = None
         self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
         self.prompt_tokens, self.books = request.checked.prompt_tokens, [worker, decode]  # unbook() empties it
-        self.work = self.prompt_tokens - (request.predicted_cached or 0)  # to compute: what cache_aware queues by
+        self.work = self.prompt_tokens if request.prefill_work is None else request.prefill_work  # cache_aware's
         for booked in self.books:
             booked.book(self.prompt_tokens, self.work)
         self.future: asyncio.Future = asyncio.ensure_future(self._send())

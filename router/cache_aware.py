@@ -2,17 +2,17 @@
 events (router/kv_events.py, router/kv_index.py), and how busy it is.
 
 Each candidate's cost is the prompt tokens it would still compute, queued ones included: what this router's prefill
-halves on it not yet answered will compute (`pending_work_tokens`: each prompt less what it was predicted to hold, so
-queued repeats of a prompt it holds are short work), a fixed allowance per request in flight, and the request's own
-tokens less the ones it holds; and, computing what another candidate holds, that much again (DUPLICATE_COST): the
-copy is work the cluster does for nothing and memory it spends twice, which a request's own time to finish does not
-see (measured without it: a tenant's second request, sent while its first was queued, went to the idle prefill, and
-every tenant ended up on both, 0.91 of the oracle's cached tokens, no more than round robin). The cheapest wins; ties
-go to the one holding more, then at random. So a long cached prefix draws its traffic to its holder until that
-holder's queue costs more than twice the hit, and a small hit never outweighs a queue. What it holds is what SGLang
-reuses: whole pages, of all but the prompt's last token (SGLang computes at least one); and what this router sent it
-in the last seconds, which its events tell only once computed (router/kv_routed.py: a burst sharing a new prefix goes
-to one prefill).
+halves on it not yet answered will compute (`pending_work_tokens`: each prompt's tokens less what it was predicted to
+hold, so queued repeats of a prompt it holds are short work), a fixed allowance per request in flight, and the
+request's own tokens less the ones it holds; and, computing what another candidate holds, that much again
+(DUPLICATE_COST): the copy is work the cluster does for nothing and memory it spends twice, which a request's own
+time to finish does not see (measured without it: a tenant's second request, sent while its first was queued, went to
+the idle prefill, and every tenant ended up on both, 0.91 of the oracle's cached tokens, no more than round robin).
+The cheapest wins; ties go to the one holding more, then at random. So a long cached prefix draws its traffic to its
+holder until that holder's queue costs more than twice the hit, and a small hit never outweighs a queue. What it
+holds is what SGLang reuses: whole pages, of all but the prompt's last token (SGLang computes at least one); and what
+this router sent it in the last seconds, which its events tell only once computed (router/kv_routed.py: a burst
+sharing a new prefix goes to one prefill).
 
 A prefill with a KV store on disk also holds the pages after its memory's prefix that are on its store, wherever they
 came from: a replica sharing the store, or itself before a restart (router/kv_index.py). Reading them is cheaper than
@@ -91,7 +91,7 @@ class CacheAware:
             request.prompt_ids = await self.tokens.ask(client, worker.url, request)
 
     def choose_for(self, candidates: Sequence[Worker], request: PdRequest) -> Worker:
-        request.predicted_cached = None
+        request.predicted_cached = request.prefill_work = None
         if len(candidates) == 1:
             return candidates[0]
         indexed = self._indexed(candidates)
@@ -107,10 +107,16 @@ class CacheAware:
         keys = chunk_keys(ids, chunk, len(ids) - 1)
         for worker_id, tokens in self.routed.held([w.worker_id for w in indexed], chunk, keys).items():
             _also_holds(held.setdefault(worker_id, Held()), tokens)
-        chosen = self.pick(candidates, held, len(ids))
+        # The prompt's tokens: its ids', unless they are a long text's first part or a batch's first prompt's (then
+        # the router's estimate, an upper bound; router/request.py's is ~3x too high for ordinary English text).
+        single = request.checked.batch_size is None
+        total = len(ids) if single and self.tokens.whole(request) else max(len(ids), request.checked.prompt_tokens)
+        chosen = self.pick(candidates, held, total)
         self.routed.add(chosen.worker_id, chunk, keys)
-        if request.checked.batch_size is None:  # a batch's answer counts all its prompts: no comparison
-            request.predicted_cached = held.get(chosen.worker_id, Held()).tokens
+        predicted = held.get(chosen.worker_id, Held()).tokens
+        request.prefill_work = max(0, total - predicted)  # what its prefill half books (router/attempt.py)
+        if single:  # a batch's answer counts all its prompts: no comparison
+            request.predicted_cached = predicted
         return self._count("indexed", chosen)
 
     def pick(self, candidates: Sequence[Worker], held: dict[str, Held], prompt_tokens: int) -> Worker:

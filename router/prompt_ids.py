@@ -122,6 +122,16 @@ class PromptTokens:
             self._failed.add(url)
             log.warning("cache_aware: %s/tokenize failed (%s); such requests are routed by their text", url, why)
 
+    def whole(self, request: _Request) -> bool:
+        """Whether `of`'s ids are all the prompt's, not those of its first MAX_CHARS characters (a chat's judged by
+        its messages as JSON: its rendering adds a little less, as a rule)."""
+        if request.checked.token_ids is not None:
+            return True
+        if request.route == CHAT:
+            return len(orjson.dumps(request.body.get("messages"))) <= MAX_CHARS
+        prompt = request.checked.first_prompt
+        return isinstance(prompt, str) and len(prompt) <= MAX_CHARS
+
     def of(self, request: _Request, model_path: str | None) -> list[int] | None:
         if request.prompt_ids is not None:  # a worker's tokenizer made them (`ask`)
             return request.prompt_ids

@@ -139,8 +139,8 @@ def wants_logprobs(body: dict[str, Any]) -> bool:
 
 class PdRequest:
     __slots__ = ("_hint", "attempt", "attempt_started", "body", "checked", "deadline", "headers", "merge_logprobs",
-                 "on_prefilled", "predicted_cached", "prefer_prefill", "prompt_ids", "request_id", "rids", "route",
-                 "started", "timed", "tried")
+                 "on_prefilled", "predicted_cached", "prefer_prefill", "prefill_work", "prompt_ids", "request_id",
+                 "rids", "route", "started", "timed", "tried")
 
     def __init__(self, route: str, request_id: str, body: dict[str, Any], checked: Checked, started: float,
                  total_timeout: float):
@@ -160,10 +160,12 @@ class PdRequest:
         self.prefer_prefill: str | None = None
         self.on_prefilled: Callable[[Worker, Any], None] | None = None
         self.timed = True
-        # The cache_aware policy's (router/cache_aware.py): the prompt's token ids from a worker's tokenizer, and the
-        # cached tokens it predicted on the chosen prefill, which the answer's own count is compared with.
+        # The cache_aware policy's (router/cache_aware.py): the prompt's token ids from a worker's tokenizer, the
+        # cached tokens it predicted on the chosen prefill, which the answer's own count is compared with, and the
+        # tokens that prefill will compute (by the ids; else its books take the estimate, `checked.prompt_tokens`).
         self.prompt_ids: list[int] | None = None
         self.predicted_cached: int | None = None
+        self.prefill_work: int | None = None
 
     @property
     def stream(self) -> bool:

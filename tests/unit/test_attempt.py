@@ -134,7 +134,7 @@ def test_a_prompt_predicted_cached_books_only_what_the_prefill_will_compute():
     seen: dict = {}
 
     async def whole(attempt: Attempt) -> Answer | StreamAnswer:
-        attempt.request.predicted_cached = attempt.request.checked.prompt_tokens - 3
+        attempt.request.prefill_work = 3  # cache_aware's count: all but 3 of its tokens held
         answering = asyncio.ensure_future(attempt.answer())
         while attempt.prefill_half is None:
             await asyncio.sleep(0.01)
