@@ -18,6 +18,7 @@ import re
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -152,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small workload, 1 repeat: a check of the harness")
     parser.add_argument("--repeats", type=int, help="runs of each policy (default 3, --quick 1)")
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
+    parser.add_argument("--turns", type=int, default=1, help="turns per chat (1: single questions)")
     parser.add_argument("--dry-run", action="store_true", help="the workload and its oracle only; nothing started")
     args = parser.parse_args(argv)
-    args.shape = QUICK if args.quick else Shape()
+    args.shape = replace(QUICK if args.quick else Shape(), turns=args.turns)
     args.repeats = args.repeats or (1 if args.quick else 3)
     model = targets.MODELS[args.model]
     if args.dry_run:
@@ -183,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                            "concurrency": args.concurrency, "max_new_tokens": MAX_NEW_TOKENS},
               "machine": machine, "started_utc": began, "wall_seconds": round(time.monotonic() - t0), "notes": notes,
               "runs": runs, "summary": summary, "verdicts": routing_report.verdicts(summary)}
-    name = "routing" + ("" if args.model == "smollm2" else f"-{args.model}") + ("-quick" if args.quick else "")
+    name = ("routing" + ("" if args.model == "smollm2" else f"-{args.model}") + ("-quick" if args.quick else "")
+            + (f"-chats{args.turns}" if args.turns > 1 else ""))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     routing_report.plot(result, RESULTS / f"{name}.png")

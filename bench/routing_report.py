@@ -3,7 +3,8 @@ the verdicts and the picture. Nothing here starts a process (tests/unit/test_ben
 
 The workload: `tenants` system prompts of ~`prefix_tokens` words each (words of a short vocabulary are about a token
 each), picked per request with Zipf popularity (tenant k with weight 1 / (k + 1)^zipf), each followed by a question of
-~`question_tokens` fresh words. A seed makes it anew: no repeat profits from another's prompts.
+~`question_tokens` fresh words; with `turns` > 1, a tenant's requests are the turns of its chats (each the chat so far,
+questions and written answers, then a new question). A seed makes it anew: no repeat profits from another's prompts.
 
 The oracle is the best prefill in hindsight with caches that never evict: a request's cached tokens are the longest
 prefix it shares with any earlier request, as SGLang reuses it (whole pages, of all but the prompt's last token).
@@ -34,6 +35,7 @@ class Shape:
     question_tokens: int = 40
     requests: int = 48
     zipf: float = 1.0
+    turns: int = 1  # > 1: a tenant's requests are the turns of its chats, each carrying the chat so far
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,18 @@ def workload(shape: Shape, seed: int) -> list[Request]:
                 + " ".join(rng.choice(WORDS) for _ in range(shape.prefix_tokens)) + "\n" for k in range(shape.tenants)]
     weights = [1 / (k + 1) ** shape.zipf for k in range(shape.tenants)]
     requests = []
+    answers = random.Random(-seed)  # apart: the tenants and questions drawn are single questions' with `turns` 1
+    chats: dict[int, tuple[str, int]] = {}  # per tenant, its open chat so far and the turns it has had
     for i in range(shape.requests):
         tenant = rng.choices(range(shape.tenants), weights)[0]
         question = " ".join(rng.choice(WORDS) for _ in range(shape.question_tokens))
-        requests.append(Request(tenant, f"{prefixes[tenant]}Question {i}: {question}?"))
+        history, turns = chats.get(tenant, ("", 0))
+        if turns >= shape.turns:
+            history, turns = "", 0  # that chat is over: a new one
+        requests.append(Request(tenant, f"{prefixes[tenant]}{history}Question {i}: {question}?"))
+        if shape.turns > 1:  # the answer, as the next turn carries it (written here: the model's is not known yet)
+            answer = " ".join(answers.choice(WORDS) for _ in range(shape.question_tokens))
+            chats[tenant] = (f"{history}Question {i}: {question}? Answer: {answer}.\n", turns + 1)
     return requests
 
 

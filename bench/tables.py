@@ -253,6 +253,48 @@ def kv_handoff(name: str = "kv-handoff.json") -> str:
             + grid(["configuration", "contiguous", "scattered"], configs))
 
 
+# --- routing (bench.routing, bench.routing_decision, bench.routing_restarts) ----------------------------------------
+
+def _spread(cell: dict | None, fmt: str = ".2f") -> str:
+    return "-" if not cell else f"{cell['median']:{fmt}} ({cell['min']:{fmt}}-{cell['max']:{fmt}})"
+
+
+def routing(name: str = "routing.json") -> str:
+    result = load(name)
+    summary = result["summary"]
+    rows = [[policy, _spread(cell.get("cached_over_oracle")), _spread(cell.get("ttft_p50_s")),
+             _spread(summary["ttft_p50_over_round_robin"].get(policy)), str(cell["errors"])]
+            for policy, cell in summary["policies"].items()]
+    verdicts = [[name, num(v["value"], 3) if v["value"] is not None else "-", v["target"], _met(v["met"])]
+                for name, v in result["verdicts"].items()]
+    shape = result["settings"]["shape"]
+    return (source(result, name) + f" medians (min-max) of {result['settings']['repeats']} repeats, "
+            f"{shape['requests']} requests each, {shape['tenants']} tenants\n\n"
+            + grid(["policy", "cached / oracle", "TTFT p50 s", "TTFT p50 / round robin's", "errors"], rows)
+            + "\n\n" + grid(["cache_aware target", "value", "target", "met"], verdicts))
+
+
+def routing_decision(name: str = "routing-decision.json") -> str:
+    result = load(name)
+    rows = [[d["route"], str(d["words"]), d["prompt"], str(d["ids_read"]), num(d["p50_ms"], 3), num(d["p99_ms"], 3)]
+            for d in result["decisions"]]
+    events, verdict = result["events"], result["verdict"]
+    return (source(result, name) + "\n\n"
+            + grid(["route", "words", "prompt", "ids read", "p50 ms", "p99 ms"], rows)
+            + f"\n\nEvent stream: {events['cpu_us_per_token']:.2f} µs of CPU per stored token; at "
+            f"{events['tokens_per_s']:.0f} tokens/s ({events['rate_from']}) {100 * events['core_share']:.2f}% of a "
+            f"core. Targets (p99 <= {verdict['decision_target_ms']} ms at 8000 words, shared prefix; events <= "
+            f"{100 * verdict['event_target_core_share']:.0f}% of a core): {_met(verdict['met'])}.")
+
+
+def routing_restarts(name: str = "routing-restarts.json") -> str:
+    result = load(name)
+    rows = [[p["phase"], str(p["requests"]), str(p["errors"]), num(p["hit_ratio"], 3), num(p["blind_share"], 3),
+             num(p["seconds_to_recover"], 1)] for p in result["phases"]]
+    return (source(result, name) + f" steady hit ratio {result['steady_hit_ratio']:.3f}\n\n"
+            + grid(["phase", "requests", "errors", "hit ratio", "blind share", "s until back"], rows))
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "router": router,
     "router-history": router_history,
@@ -267,6 +309,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "idle": idle,
     "decode-only": decode_only,
     "kv-handoff": kv_handoff,
+    "routing": routing,
+    "routing-decision": routing_decision,
+    "routing-restarts": routing_restarts,
     "tracing-cost": lambda: source(load("tracing-cost.json"), "tracing-cost.json") + " "
     + tracing_cost.table(load("tracing-cost.json")),
 }

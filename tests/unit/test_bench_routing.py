@@ -89,3 +89,17 @@ def test_restarts_recovery_is_when_four_answers_in_a_row_hold_nine_tenths_of_ste
     row = restarts.phase_row("p", answers, {"indexed": 99.0, "blind": 1.0}, 10.0, 0.9)
     assert row["errors"] == 1 and row["blind_share"] == 0.01 and row["seconds_to_recover"] == 2.0
     assert row["hit_ratio"] == round((0.9 * 6) / 7, 4)
+
+
+def test_chats_carry_their_turns_so_far_and_keep_single_questions_as_they_were():
+    single = routing_report.workload(Shape(requests=40), seed=5)
+    assert routing_report.workload(Shape(requests=40, turns=1), seed=5) == single
+    chats = routing_report.workload(Shape(requests=40, turns=3), seed=5)
+    assert [r.tenant for r in chats] == [r.tenant for r in single]  # the same popularity draws
+    for tenant in {r.tenant for r in chats}:
+        texts = [r.text for r in chats if r.tenant == tenant]
+        for turn, text in enumerate(texts):
+            if turn % 3:  # a chat's later turn: the previous one, its answer, a new question
+                assert text.startswith(texts[turn - 1]) and "Answer:" in text[len(texts[turn - 1]):]
+            else:
+                assert "Answer:" not in text
