@@ -60,28 +60,6 @@ def router(name: str = "router.json") -> str:
          "ours / SGLang's req/s (plain) or chunks/s (stream)", "CPU ms per request, ours / SGLang's"], rows)
 
 
-HISTORY = (("previous/router_cc26fb0_httpx.json", "httpx"),
-           ("previous/router_7cf9362_aiohttp_h11.json", "aiohttp's client, uvicorn on h11"),
-           ("previous/router_ddbd160_aiohttp_httptools.json", "aiohttp's client, uvicorn on httptools"),
-           ("router.json", "its own client on httptools, a bare-ASGI edge, `workers: 2`"),
-           *((f"c256_repeats/run{i}.json", "the same, concurrency 256 only") for i in (1, 2, 3)))
-
-
-def router_history() -> str:
-    rows = []
-    for name, stack in HISTORY:
-        result = load(name)
-        cells = {(c["target"], c["concurrency"], c["mode"]): c for c in result["cells"]}
-        pairs = [(cells.get(("ours", 256, mode)), cells.get(("sglang", 256, mode))) for mode in ("plain", "stream")]
-        rates = [f"{o[key]:.0f} ({o[key] / s[key]:.2f}x)" if o and s else "-"
-                 for (o, s), key in zip(pairs, ("req_per_s", "chunks_per_s"), strict=True)]
-        cpu = [c["target_cpu_ms_per_request"] for c in result["cells"] if c["target"] == "ours"]
-        rows.append([f"`{name}` (`{result['machine']['git_commit'][:7]}`)", stack, *rates,
-                     f"{min(cpu):.2f}-{max(cpu):.2f}"])
-    return grid(["results file (commit)", "the router's HTTP stack", "ours req/s plain at 256 (x SGLang's)",
-                 "chunks/s at 256 (x SGLang's)", "our CPU ms per request, all cells"], rows)
-
-
 # --- KV persistence (bench.persistence; derived by bench.persistence_report) ---------------------------------------
 
 HITS = (("storage", "from disk"), ("disk", "page cache dropped"), ("memory", "from memory"))
@@ -265,13 +243,13 @@ def routing(name: str = "routing.json") -> str:
     rows = [[policy, _spread(cell.get("cached_over_oracle")), _spread(cell.get("ttft_p50_s")),
              _spread(summary["ttft_p50_over_round_robin"].get(policy)), str(cell["errors"])]
             for policy, cell in summary["policies"].items()]
-    verdicts = [[name, num(v["value"], 3) if v["value"] is not None else "-", v["target"], _met(v["met"])]
-                for name, v in result["verdicts"].items()]
+    verdicts = "; ".join(f"{name.replace('_', ' ')} {v['value'] if isinstance(v['value'], int) else num(v['value'], 3)}"
+                         f" ({v['target']}): {_met(v['met'])}" for name, v in result["verdicts"].items())
     shape = result["settings"]["shape"]
     return (source(result, name) + f" medians (min-max) of {result['settings']['repeats']} repeats, "
             f"{shape['requests']} requests each, {shape['tenants']} tenants\n\n"
             + grid(["policy", "cached / oracle", "TTFT p50 s", "TTFT p50 / round robin's", "errors"], rows)
-            + "\n\n" + grid(["cache_aware target", "value", "target", "met"], verdicts))
+            + f"\n\ncache_aware's targets: {verdicts}.")
 
 
 def routing_decision(name: str = "routing-decision.json") -> str:
@@ -297,13 +275,11 @@ def routing_restarts(name: str = "routing-restarts.json") -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "router": router,
-    "router-history": router_history,
     "persistence-llama-small": lambda: persistence("persistence-llama-small.json"),
     "persistence-smollm2-sealed-8k": lambda: persistence("persistence-smollm2-sealed-8k.json"),
     "pd": lambda: pd("pd.json"),
     "pd-verdicts": pd_verdicts,
     "pd-fcfs": lambda: pd("pd-fcfs.json", cells=False),
-    "pd-tiny-llama": lambda: pd("pd-tiny-llama.json", cells=False),
     "cluster-smollm2": lambda: cluster_runs("cluster-smollm2.json"),
     "cluster-ratios": lambda: cluster_ratios("cluster.json"),
     "idle": idle,

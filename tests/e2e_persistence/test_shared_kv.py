@@ -69,10 +69,12 @@ def test_cache_aware_credits_the_shared_stores_pages_to_a_restarted_prefill(pc, 
         first = cache_generate(router.client, prompt)
         pc.wait_pages(pages + 600 // PAGE)
         name = f"prefill-{int(first['prefill'].rsplit('-', 1)[1]) - pc.port('prefill-0')}"
-        assert until(lambda: index_pages(router.client).get(first["prefill"], 0) >= 512, 30, CLUSTER_POLL)
+        held = 512 // PAGE  # pages of the router's index (SGLang's, here of PAGE tokens) of the prompt's first 512
+        assert until(lambda: index_pages(router.client).get(first["prefill"], 0) >= held, 30, CLUSTER_POLL), (
+            index_pages(router.client))
         pc.restart([name])
         assert until(lambda: _both_usable(router.client), 120, CLUSTER_POLL), router.client.get("/ready").text
-        assert until(lambda: index_pages(router.client).get(first["prefill"], 0) < 512, 30, CLUSTER_POLL), (
+        assert until(lambda: index_pages(router.client).get(first["prefill"], 0) < held, 30, CLUSTER_POLL), (
             "the restarted prefill's old entries were kept")
         again = cache_generate(router.client, prompt)
         assert (again["predicted"] or 0) >= 512, again  # the store's pages, credited to either prefill
