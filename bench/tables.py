@@ -143,27 +143,6 @@ def pd_verdicts(name: str = "pd.json") -> str:
 
 # --- cluster (bench.cluster; derived by bench.cluster_report) -------------------------------------------------------
 
-RUN_METRICS = (("request_throughput", "req/s", 3), ("median_ttft_ms", "TTFT p50 ms", 0),
-               ("p99_ttft_ms", "TTFT p99 ms", 0), ("median_tpot_ms", "TPOT p50 ms", 1),
-               ("request_goodput", "goodput req/s", 3), ("cached_tokens", "cached prompt tokens", 0))
-
-
-def cluster_runs(name: str) -> str:
-    result = load(name)
-    groups: dict[tuple, dict[int, dict]] = {}
-    for r in result["runs"]:
-        groups.setdefault((r["session"], r["target"], r["workload"]), {})[r["repeat"]] = r
-    rows = []
-    for (session, target, workload), repeats in groups.items():
-        cells = []
-        for metric, _, digits in RUN_METRICS:
-            values = [repeats[k].get(metric) for k in sorted(repeats)]
-            cells.append("-" if all(v is None for v in values) else " / ".join(num(v, digits) for v in values))
-        rows.append([f"{target} ({workload}{', ' + session if session != 'main' else ''})", *cells])
-    return (source(result, name) + " each repeat's value, r0 / r1 / r2\n\n"
-            + grid(["target (load)", *(h for _, h, _ in RUN_METRICS)], rows))
-
-
 RATIO_METRICS = (("request_throughput", "req/s"), ("median_ttft_ms", "TTFT p50"), ("median_tpot_ms", "TPOT p50"),
                  ("request_goodput", "goodput"), ("cached_tokens", "cached tokens"))
 
@@ -227,8 +206,8 @@ def kv_handoff(name: str = "kv-handoff.json") -> str:
     return (source(result, name) + " the `default` configuration, medians of "
             f"{result['repeats']} runs\n\n"
             + grid(["pages", "tokens", "transfers", "Mooncake ms", "socket ms", "Mooncake / socket"], rows)
-            + "\n\nMooncake / socket at 4096 tokens per configuration (`-`: Mooncake failed):\n\n"
-            + grid(["configuration", "contiguous", "scattered"], configs))
+            + "\n\nMooncake / socket at 4096 tokens, contiguous / scattered (`-`: Mooncake failed): "
+            + "; ".join(f"{c} {a} / {b}" for c, a, b in configs) + ".")
 
 
 # --- routing (bench.routing, bench.routing_decision, bench.routing_restarts) ----------------------------------------
@@ -254,22 +233,19 @@ def routing(name: str = "routing.json") -> str:
 
 def routing_decision(name: str = "routing-decision.json") -> str:
     result = load(name)
-    rows = [[d["route"], str(d["words"]), d["prompt"], str(d["ids_read"]), num(d["p50_ms"], 3), num(d["p99_ms"], 3)]
-            for d in result["decisions"]]
+    cells = "; ".join(f"{d['route'].rsplit('/', 1)[-1]} {d['words']} words {d['prompt']}: {d['p50_ms']:.2f} / "
+                      f"{d['p99_ms']:.2f}" for d in result["decisions"])
     events, verdict = result["events"], result["verdict"]
-    return (source(result, name) + "\n\n"
-            + grid(["route", "words", "prompt", "ids read", "p50 ms", "p99 ms"], rows)
-            + f"\n\nEvent stream: {events['cpu_us_per_token']:.2f} µs of CPU per stored token; at "
-            f"{events['tokens_per_s']:.0f} tokens/s ({events['rate_from']}) {100 * events['core_share']:.2f}% of a "
-            f"core. Targets (p99 <= {verdict['decision_target_ms']} ms at 8000 words, shared prefix; events <= "
-            f"{100 * verdict['event_target_core_share']:.0f}% of a core): {_met(verdict['met'])}.")
+    return (source(result, name) + f" p50 / p99 ms: {cells}. Events: {events['cpu_us_per_token']:.1f} µs of CPU a "
+            f"stored token, {100 * events['core_share']:.2f}% of a core at {events['tokens_per_s']:.0f} tokens/s "
+            f"({events['rate_from']}). Targets: {_met(verdict['met'])}.")
 
 
 def routing_restarts(name: str = "routing-restarts.json") -> str:
     result = load(name)
     rows = [[p["phase"], str(p["requests"]), str(p["errors"]), num(p["hit_ratio"], 3), num(p["blind_share"], 3),
              num(p["seconds_to_recover"], 1)] for p in result["phases"]]
-    return (source(result, name) + f" steady hit ratio {result['steady_hit_ratio']:.3f}\n\n"
+    return (source(result, name) + f" steady (its second half) hit ratio {result['steady_hit_ratio']:.3f}\n\n"
             + grid(["phase", "requests", "errors", "hit ratio", "blind share", "s until back"], rows))
 
 
@@ -280,7 +256,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "pd": lambda: pd("pd.json"),
     "pd-verdicts": pd_verdicts,
     "pd-fcfs": lambda: pd("pd-fcfs.json", cells=False),
-    "cluster-smollm2": lambda: cluster_runs("cluster-smollm2.json"),
     "cluster-ratios": lambda: cluster_ratios("cluster.json"),
     "idle": idle,
     "decode-only": decode_only,
