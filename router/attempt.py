@@ -109,7 +109,9 @@ class Attempt:
             raw = orjson.dumps(request.body)
             prefill_half = self.prefill_half = PrefillHalf(self.d.client, self.prefill, request, raw, self.decode)
             response = self.response = await self._decode_head(raw, prefill_half)
-            self._started()
+            self.state = AttemptState.ANSWERING  # both workers did their part (a half-open breaker's trial succeeded)
+            self.prefill.breaker.on_success()
+            self.decode.breaker.on_success()
             headers = {k: v for k in _PASSED_ON if (v := response.headers.get(k)) is not None}
             if request.stream:
                 self._arm_deadlines(response)  # and the stream's end ends the attempt
@@ -145,12 +147,6 @@ class Attempt:
                 payload = b""
             raise failures.status_failure(decode, response.status, payload)
         return response
-
-    def _started(self) -> None:
-        """The decode's answer is starting: both workers did their part (a half-open breaker's trial succeeded)."""
-        self.state = AttemptState.ANSWERING
-        self.prefill.breaker.on_success()
-        self.decode.breaker.on_success()
 
     async def _relay(self, response: UpstreamResponse, prefill_half: PrefillHalf) -> AsyncGenerator[bytes, None]:
         """The decode's SSE stream, chunk by chunk; an error event if either half fails or a deadline passes."""
@@ -234,6 +230,7 @@ class PrefillHalf:
     def __init__(self, client: UpstreamClient, worker: Worker, request: PdRequest, body: bytes, decode: Worker):
         self.client, self.worker, self.body, self.request = client, worker, body, request
         self.failure: HalfFailed | None = None
+        self.sent = False  # held at a fan-out's gate until its prompt is cached, else sent at once
         self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
         self.prompt_tokens, self.books = request.checked.prompt_tokens, [worker, decode]  # unbook() empties it
         self.work = self.prompt_tokens if request.prefill_work is None else request.prefill_work  # cache_aware's
@@ -241,11 +238,13 @@ class PrefillHalf:
             booked.book(self.prompt_tokens, self.work)
         self.future: asyncio.Future = asyncio.ensure_future(self._send())
         self.future.add_done_callback(self._done)
-        if (prefilled := request.on_prefilled) is not None:  # a fan-out's first choice (router/fanout.py)
-            self.future.add_done_callback(lambda future: prefilled(worker, future))
+        if (paired := request.on_paired) is not None:  # a fan-out's first choice (router/fanout.py)
+            paired(worker, self.future)
 
     async def _send(self) -> bytes:
-        r = None
+        if (gate := self.request.prefill_gate) is not None:  # a fan-out's later choice: sent once its prompt is cached
+            await asyncio.shield(gate)  # meanwhile its decode half's handshake is done
+        self.sent, r = True, None
         try:
             r = await self.client.request("POST", self.worker.url, self.request.route, self.body, self.request.headers)
             payload = await r.read()
@@ -286,10 +285,11 @@ class PrefillHalf:
                                                f"{PREFILL_GRACE:.0f}s of the decode") from None
 
     def let_finish(self, background: set, delivered: bool) -> None:
-        """The attempt is over: let the prefill's answer finish in `background`, within PREFILL_GRACE."""
+        """The attempt is over: let the prefill's answer finish in `background`, within PREFILL_GRACE (a half held at
+        a fan-out's gate, of an attempt that failed, is never sent)."""
         if delivered:
             self.unbook()
-        if (future := self.future).done():
+        if (future := self.future).done() or (not self.sent and not delivered and future.cancel()):  # at a gate
             return
         background.add(future)
         cutoff = asyncio.get_running_loop().call_later(PREFILL_GRACE, future.cancel)

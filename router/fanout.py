@@ -8,13 +8,15 @@ one `data: [DONE]`. One choice failing fails the answer: the others are cancelle
 client that left does (both halves aborted), and the client gets that choice's error: the JSON error, or, once the
 stream has started, a last error event (as any stream that breaks ends).
 
-The order, and the prefill: the first choice goes alone; the others, together, once the first's prefill half has
-answered, and to that same prefill (PdRequest.prefer_prefill). SGLang's prefill puts a prompt's KV into its radix
-cache only once the prompt is prefilled and sent (the transfer done), which is when that half answers: identical
-prompts sent together are each prefilled from scratch (n times the prompt's compute and KV), and another prefill has
-no copy. So n = 4 on a 1000-token prompt computes its KV once, plus a token for each later choice, and sends it four
-times; the later choices wait for one prefill. If the first choice's decode answers before its prefill half does
-(a short answer), the others start then, with no prefill preferred.
+The order, and the prefill: the first choice goes alone; the others start once its prefill is chosen, to that same
+prefill (PdRequest.prefer_prefill), and their prefill halves are held (PdRequest.prefill_gate) until the first's has
+answered. SGLang's prefill puts a prompt's KV into its radix cache only once the prompt is prefilled and sent (the
+transfer done), which is when that half answers: identical prompts sent together are each prefilled from scratch (n
+times the prompt's compute and KV), and another prefill has no copy. So n = 4 on a 1000-token prompt computes its KV
+once, plus a token for each later choice, and sends it four times. Their decode halves go at once: the decode's
+handshake with the prefill (SGLang takes a decode's before its prefill's) is done while the first is prefilled, not
+after, between the first's decode steps. If the first choice ends before its prefill half answers (a short answer),
+the others' prefill halves go then.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import json  # as SGLang wrote the answers: logprobs may be -Infinity, which jso
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
 
 from pdcluster.http import ApiError, error_body
 from router.config import RouterConfig
 from router.edge import Answer, StreamAnswer, error_answer
 from router.logprobs import sse_events
 from router.metrics import RouterMetrics
+from router.openai_answer import dumps, merged_answer, merged_usage, number
 from router.request import PdRequest, new_rid
 from router.workers import Worker
 
@@ -72,21 +74,36 @@ class FanOut:
         self.request, self.serve, self.metrics = request, serve, metrics
         self.n = request.checked.choices
         self.choices = [choice_request(request, i) for i in range(self.n)]
-        self.choices[0].on_prefilled = self._prefilled
-        self.go: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # the later choices may start
+        self.choices[0].on_paired = self._paired
+        loop = asyncio.get_running_loop()
+        self.paired: asyncio.Future[None] = loop.create_future()  # the later choices are started
+        self.go: asyncio.Future[None] = loop.create_future()  # the later choices' prefill halves may go
+        for later in self.choices[1:]:
+            later.prefill_gate = self.go
         self.serving: list[asyncio.Future] = []  # each choice's PdService.serve, as it is started
         self.tasks: list[asyncio.Future] = []  # a stream's: each choice's relay to the merge, the later ones' start
         self.id, self.created = new_rid(), int(time.time())
         self.timed = False
 
-    def _prefilled(self, prefill: Worker, future: asyncio.Future) -> None:
-        """An attempt of the first choice had its prefill half answer: a failed one is retried, a done one holds the
-        prompt."""
-        if future.cancelled() or future.exception() is not None or self.go.done():
-            return
-        for later in self.choices[1:]:
-            later.prefer_prefill = prefill.worker_id
-        self.go.set_result(None)
+    def _paired(self, prefill: Worker, future: asyncio.Future) -> None:
+        """An attempt of the first choice sent its prefill half (`future`): the first such starts the later choices,
+        to that prefill. Whichever half answers (a failed one is retried) holds the prompt: the gate opens."""
+        future.add_done_callback(self._prefilled)
+        if not self.paired.done():
+            for later in self.choices[1:]:
+                later.prefer_prefill = prefill.worker_id
+            self._start_later()
+
+    def _prefilled(self, future: asyncio.Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._open()
+
+    def _open(self) -> None:
+        """The later choices' prefill halves may go (started, if the first ended before it was paired)."""
+        if not self.go.done():
+            self.go.set_result(None)
+        if not self.paired.done():
+            self._start_later()
 
     def _start(self, choices: list[PdRequest]) -> list[asyncio.Future]:
         started: list[asyncio.Future] = [asyncio.ensure_future(self.serve(choice)) for choice in choices]
@@ -97,6 +114,7 @@ class FanOut:
         """The choices after the first, each with the first's checks (its prompt counted, if it was)."""
         for later in self.choices[1:]:
             later.checked = self.choices[0].checked
+        self.paired.set_result(None)
         return self._start(self.choices[1:])
 
     def _cancel(self) -> None:
@@ -117,17 +135,17 @@ class FanOut:
 
     async def whole(self) -> Answer:
         (first,) = self._start(self.choices[:1])
+        finished: set[asyncio.Future] = set()
         try:
-            await asyncio.wait([first, self.go], return_when=asyncio.FIRST_COMPLETED)
-            if first.done() and (failed := _failed(first)) is not None:
-                return failed  # nothing else started
-            self._start_later()
-            pending = set(self.serving)
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
+            while len(finished) < self.n:  # the later choices join `serving` once the first is paired
+                waited = set(self.serving) - finished | ({self.paired} if not self.paired.done() else set())
+                done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+                for task in done - {self.paired}:
+                    finished.add(task)
                     if (failed := _failed(task)) is not None:
                         return failed  # and the others are cancelled, below
+                    if task is first:
+                        self._open()
         finally:
             await self._stop()
         answers = [task.result() for task in self.serving]
@@ -151,8 +169,9 @@ class FanOut:
         return StreamAnswer(first.status, self._merged(queue), first.headers, self._close)
 
     async def _later(self, queue: asyncio.Queue) -> None:
-        await self.go
-        await asyncio.gather(*(self._choice(index, task, queue) for index, task in enumerate(self._start_later(), 1)))
+        if not self.paired.done():  # the first's stream started: it was paired (a safeguard)
+            self._start_later()
+        await asyncio.gather(*(self._choice(index, task, queue) for index, task in enumerate(self.serving[1:], 1)))
 
     async def _choice(self, index: int, started: asyncio.Future, queue: asyncio.Queue) -> None:
         try:
@@ -193,8 +212,8 @@ class FanOut:
                 index, event = await queue.get()
                 if event is None:
                     over += 1
-                    if index == 0 and not self.go.done():  # the first ended (well) before its prefill half answered
-                        self.go.set_result(None)
+                    if index == 0:  # the first ended (well), maybe before its prefill half answered
+                        self._open()
                     continue
                 out = self._event(index, event, usages)
                 if out is None:
@@ -210,7 +229,7 @@ class FanOut:
                 usage = dict(usages[min(usages)][0])
                 usage["id"], usage["created"] = self.id, self.created
                 usage["usage"] = merged_usage([u for _, (_, u) in sorted(usages.items())])
-                yield b"data: " + _dumps(usage) + b"\n\n"
+                yield b"data: " + dumps(usage) + b"\n\n"
             yield b"data: [DONE]\n\n"
         finally:
             await self._stop()
@@ -233,9 +252,9 @@ class FanOut:
                 return None
         for choice in choices:
             if isinstance(choice, dict):
-                choice["index"] = _number(choice.get("index")) * self.n + index
+                choice["index"] = number(choice.get("index")) * self.n + index
         data["id"], data["created"] = self.id, self.created
-        return b"data: " + _dumps(data) + b"\n\n"
+        return b"data: " + dumps(data) + b"\n\n"
 
     def _close(self) -> None:
         """The edge is done with the stream, however it ended (also before its first chunk was pulled)."""
@@ -252,43 +271,3 @@ def _failed(task: asyncio.Future) -> Answer | None:
         raise error
     answer = task.result()
     return answer if isinstance(answer, Answer) and answer.status >= 400 else None
-
-
-def _number(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _dumps(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def merged_usage(usages: list[dict]) -> dict:
-    """The usage of n choices: the prompt once (the first's count and details: they share the prompt), the
-    completions of all; total = prompt + completions, as OpenAI counts them."""
-    merged = dict(usages[0])
-    completion = sum(_number(u.get("completion_tokens")) for u in usages)
-    merged["completion_tokens"] = completion
-    merged["total_tokens"] = _number(merged.get("prompt_tokens")) + completion
-    if any(_number(u.get("reasoning_tokens")) for u in usages):
-        merged["reasoning_tokens"] = sum(_number(u.get("reasoning_tokens")) for u in usages)
-    details = [d for u in usages if isinstance(d := u.get("completion_tokens_details"), dict)]
-    if details:
-        merged["completion_tokens_details"] = {key: sum(_number(d.get(key)) for d in details)
-                                               for key in dict.fromkeys(k for d in details for k in d)}
-    return merged
-
-
-def merged_answer(payloads: list[bytes], n: int, answer_id: str) -> bytes:
-    """Whole answers of n choices (each answer a choice, or k for k prompts) as one: the first's, with every choice
-    indexed, `answer_id` and the usage merged."""
-    answers = [json.loads(payload) for payload in payloads]
-    choices = []
-    for index, answer in enumerate(answers):
-        for choice in answer["choices"]:
-            choice["index"] = _number(choice.get("index")) * n + index
-            choices.append(choice)
-    merged = answers[0]
-    merged["id"], merged["choices"] = answer_id, sorted(choices, key=lambda choice: choice["index"])
-    if all(isinstance(answer.get("usage"), dict) for answer in answers):
-        merged["usage"] = merged_usage([answer["usage"] for answer in answers])
-    return _dumps(merged)

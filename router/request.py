@@ -10,6 +10,7 @@ text for a policy only when one asks for it (`hint`).
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 import sys
@@ -139,7 +140,8 @@ def wants_logprobs(body: dict[str, Any]) -> bool:
 
 class PdRequest:
     __slots__ = ("_hint", "attempt", "attempt_started", "body", "checked", "deadline", "headers", "merge_logprobs",
-                 "on_prefilled", "predicted_cached", "prefer_prefill", "prefill_work", "prompt_ids", "request_id",
+                 "on_paired", "predicted_cached", "prefer_prefill", "prefill_gate", "prefill_work", "prompt_ids",
+                 "request_id",
                  "rids", "route", "started", "timed", "tried")
 
     def __init__(self, route: str, request_id: str, body: dict[str, Any], checked: Checked, started: float,
@@ -154,11 +156,12 @@ class PdRequest:
         self.rids: list[str] = []  # the current attempt's, the ids its halves are aborted by
         self.attempt_started = started
         self._hint: str | None = None
-        # One choice of several (router/fanout.py): the prefill that holds the prompt already, what to call when an
-        # attempt's prefill half has answered (with its prefill, and the half's future), and whether a stream's
-        # duration is this request's (a fan-out times its merged stream itself).
+        # One choice of several (router/fanout.py): the prefill that will hold the prompt, what to call when an
+        # attempt's prefill half is sent (with its prefill, and the half's future), what a prefill half waits for
+        # before it is sent, and whether a stream's duration is this request's (a fan-out times its merged stream).
         self.prefer_prefill: str | None = None
-        self.on_prefilled: Callable[[Worker, Any], None] | None = None
+        self.on_paired: Callable[[Worker, Any], None] | None = None
+        self.prefill_gate: asyncio.Future | None = None
         self.timed = True
         # The cache_aware policy's (router/cache_aware.py): the prompt's token ids from a worker's tokenizer, the
         # cached tokens it predicted on the chosen prefill, which the answer's own count is compared with, and the

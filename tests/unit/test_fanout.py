@@ -1,10 +1,12 @@
 """OpenAI's `n` through the router (router/fanout.py) against fake workers: n PD requests of the prompt, the first
-alone and the others on its prefill once it answered, merged into one answer (choice indexes, one id, the usage of the
-prompt once), plain and streamed; one choice failing fails the answer cleanly and aborts the others; n bounded."""
+alone, the others' decode halves at once and their prefill halves to its prefill once it answered, merged into one
+answer (choice indexes, one id, the usage of the prompt once), plain and streamed; one choice failing fails the answer
+cleanly and aborts the others; n bounded."""
 
 from __future__ import annotations
 
 import json
+import time
 from contextlib import ExitStack, contextmanager
 
 import httpx
@@ -12,7 +14,7 @@ import pytest
 
 from router.app import create_app
 from router.config import RouterConfig
-from router.fanout import merged_usage
+from router.openai_answer import merged_usage
 from router.pairing import preferred
 from tests.fakes import Behaviour, FakeWorker, ServerThread
 from tests.helpers import until
@@ -71,6 +73,8 @@ def test_the_first_choice_goes_alone_and_the_others_to_its_prefill_once_it_answe
     arrived = served[0].received_at
     assert all(later - arrived[0] >= 0.45 for later in arrived[1:])  # after the first's prefill answered
     assert max(arrived[1:]) - min(arrived[1:]) < 0.45  # and together (one after another: 0.5 s apart each)
+    # the decode halves went at once: their handshakes happen while the first is prefilled
+    assert len(decode.received_at) == 4 and max(decode.received_at) - min(decode.received_at) < 0.45
 
 
 def test_a_streamed_answer_relays_every_choice_then_one_usage_and_one_done():
@@ -139,15 +143,17 @@ def test_one_streamed_choice_failing_ends_the_stream_with_an_error_event_and_abo
     assert sorted(decode.aborted) == sorted([rids[0], rids[2]])
 
 
-def test_the_first_choice_failing_before_its_answer_is_the_answer_and_starts_no_other():
+def test_the_first_choice_failing_before_its_answer_is_the_answer_and_no_later_prefill_half_goes():
     decode = FakeWorker(Behaviour(status=400, error_message="bad value"))
-    # the prefill half answers well after the decode's 400: once it has answered, the others may start (by design)
-    with cluster([FakeWorker(Behaviour(delay=1.0))], [decode], max_attempts=1) as url:
+    prefill = FakeWorker(Behaviour(delay=1.0))  # answers well after the decode's 400: the later halves' gate
+    with cluster([prefill], [decode], max_attempts=1) as url:
         plain = httpx.post(f"{url}{CHAT}", json={"messages": MESSAGES, "n": 3}, timeout=30)
         streamed = httpx.post(f"{url}{CHAT}", json={"messages": MESSAGES, "n": 3, "stream": True}, timeout=30)
+        until(lambda: len(prefill.received) >= 2)
+        time.sleep(1.5)  # past the first prefill half's answer: a later half still held would go now
     assert plain.status_code == streamed.status_code == 400
     assert "bad value" in plain.json()["error"]["message"] and "bad value" in streamed.json()["error"]["message"]
-    assert len(decode.received) == 2
+    assert len(prefill.received) == 2  # the first choices' only: the later ones' were held, then dropped
 
 
 @pytest.mark.parametrize(("route", "body", "limit"), [
