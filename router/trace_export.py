@@ -5,13 +5,12 @@ The production sink, ExporterProcess, is a child process of the router's (multip
 interpreter, started with the router, never on a request's path). The router buffers its records and writes them in
 batches (a pickled list) into a pipe it never waits on: every BATCH records, or FLUSH_EVERY seconds after the first
 one. A batch the pipe has no room for (the exporter is behind, or stuck on its collector) is dropped and counted. The
-child makes the SDK's spans of the records (`converter`: the router's resource and scope) and hands them to the SDK's
-batch processor and the exporter the OTEL_* variables name (`span_processor`), as an in-process exporter would be.
-It ends when the router's end of the pipe closes: as the router stops (it flushes what it holds, and waits for the
-child a bounded time: tracing.FLUSH_AT_STOP) or dies.
+child hands the records to the SDK's batch processor and the exporter the OTEL_* variables name (router/trace_otlp.py:
+OTLP's are encoded straight from the records). It ends when the router's end of the pipe closes: as the router stops
+(it flushes what it holds, and waits for the child a bounded time: tracing.FLUSH_AT_STOP) or dies.
 
-The tests' sink (tests/unit/test_router_tracing.py's LocalSink) converts each record the same way, in the router's
-process, at once.
+The tests' sink (tests/unit/test_router_tracing.py's LocalSink) makes each record the SDK's span (trace_otlp.converter)
+in the router's process, at once.
 """
 
 from __future__ import annotations
@@ -30,12 +29,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from random import getrandbits
 from time import time_ns
-from typing import TYPE_CHECKING, Any, Protocol
-
-from pdcluster import otel
-
-if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from typing import Any, Protocol
 
 log = logging.getLogger("pdcluster.router")
 
@@ -55,52 +49,6 @@ class Sink(Protocol):
 
     def close(self, timeout: float) -> None:
         """Send what is held, then let go, within `timeout` seconds."""
-
-
-def span_processor() -> SpanProcessor:
-    """The exporter the OTEL_* variables name, behind the SDK's batch processor (its own thread, bounded queue)."""
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-
-    env = os.environ
-    if (problem := otel.check(env)) is not None:
-        raise ValueError(f"tracing: {problem}")
-    if otel.exporter(env) == "console":
-        return BatchSpanProcessor(ConsoleSpanExporter())
-    protocol = otel.protocol(env)
-    endpoint = otel.traces_endpoint(env, protocol)
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-        return BatchSpanProcessor(GrpcExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://")))
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-    return BatchSpanProcessor(HttpExporter(endpoint=endpoint))
-
-
-def converter() -> Callable[[Record], ReadableSpan]:
-    """Records to the SDK's spans as its tracer would have made them: the router's resource (OTEL_SERVICE_NAME, else
-    "router"; OTEL_RESOURCE_ATTRIBUTES), its scope, the SDK's attribute limits."""
-    from opentelemetry.attributes import BoundedAttributes
-    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
-
-    resource = Resource.create({SERVICE_NAME: otel.service_name(os.environ, "router")})
-    scope = InstrumentationScope("pdcluster.router")
-    limits = SpanLimits()
-
-    def convert(record: Record) -> ReadableSpan:
-        (name, kind, trace_id, span_id, parent_id, remote, flags, state, start, end, attributes, status, description,
-         events) = record
-        trace_state, trace_flags = TraceState.from_header([state]) if state else None, TraceFlags(flags)
-        parent = SpanContext(trace_id, parent_id, remote, trace_flags, trace_state) if parent_id else None
-        return ReadableSpan(
-            name, SpanContext(trace_id, span_id, False, trace_flags, trace_state), parent, resource,
-            BoundedAttributes(limits.max_span_attributes, attributes, immutable=False,
-                              max_value_len=limits.max_span_attribute_length),
-            [Event(event, dict(values), at) for event, at, values in events], kind=SpanKind(kind),
-            status=Status(StatusCode(status), description), start_time=start, end_time=end,
-            instrumentation_scope=scope)
-    return convert
 
 
 def new_id(bits: int) -> int:
@@ -271,7 +219,9 @@ def serve(reader: Connection, log_level: str, log_json: bool) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the router, which closes the pipe
     setup_logging("router-exporter", log_level, json_lines=log_json)
-    processor, convert = span_processor(), converter()
+    from router.trace_otlp import span_processor
+
+    processor, convert = span_processor()
     stream = os.fdopen(os.dup(reader.fileno()), "rb")
     reader.close()
     try:

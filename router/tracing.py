@@ -12,12 +12,12 @@ SGLang 0.5.23 reads it: tests/unit/test_router_tracing_sglang.py); /health probe
 Spans are made by hand: the PD routes bypass FastAPI (router/edge.py), the data plane has its own client.
 
 A span here is a light record (trace_export.Span, none of the SDK's locks, limits or context switches), a tuple once
-ended, which the sink (router/trace_export.py) ships to the router's exporter process to be made the SDK's span and
-exported: not on the router's CPU, and a slow, hung or absent collector costs dropped spans, never a request's time
+ended, which the sink (router/trace_export.py) ships to the router's exporter process to be encoded and exported:
+not on the router's CPU, and a slow, hung or absent collector costs dropped spans, never a request's time
 (pdcluster_router_spans_dropped_total counts the router's). The sampler the SDK makes of OTEL_TRACES_SAMPLER[_ARG]
-decides once per request, at its server span; a request left out costs a few µs and no record: its legs carry its
-unsampled `traceparent` only. While a traced request is answered (a stream's until its end), its span is current
-here, so that the router's log records about it carry its `trace_id` and `span_id` (TraceIds).
+decides once per request (router/trace_sampling.py); a request left out costs ~1 µs and no record: its legs carry its
+unsampled `traceparent` only. While a traced request is answered, its span is current here: the router's log
+records about it carry its `trace_id` and `span_id` (TraceIds).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import logging
 import os
 from collections.abc import Callable
 from contextvars import ContextVar, Token
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from opentelemetry import trace
@@ -35,10 +34,12 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from pdcluster import otel
+from pdcluster.protocol import Role
 from router import trace_export
 from router.edge import Answer, StreamAnswer
 from router.failures import HalfFailed
 from router.trace_export import Span, new_id
+from router.trace_sampling import RANDOM, SampledOut, by_trace_id
 from router.upstream import UpstreamClient, UpstreamResponse
 
 if TYPE_CHECKING:
@@ -48,12 +49,12 @@ if TYPE_CHECKING:
     from router.workers import Worker
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-SAMPLED, RANDOM = 0x01, 0x02  # W3C trace flags: sampled; the trace id is random (the SDK sets it on its own traces)
+SAMPLED = 0x01  # W3C trace flags: sampled
 INTERNAL, SERVER, CLIENT = SpanKind.INTERNAL.value, SpanKind.SERVER.value, SpanKind.CLIENT.value
+PREFILL, DECODE = Role.PREFILL.value, Role.DECODE.value
 
 # What the code running now is part of: the request (for its attempts) and the span its log records name. Set by
-# `start` in the task that answers the request (a fan-out's choices inherit it, router/fanout.py), so that no request
-# object carries a field only tracing reads.
+# `start` in the task answering the request (a fan-out's choices inherit it): no request has a field only for tracing.
 _CURRENT: ContextVar[tuple[RequestTrace | SampledOut | None, Span | None]] = ContextVar("pdcluster_trace")
 _NOTHING: tuple[None, None] = (None, None)
 
@@ -109,6 +110,7 @@ class RouterTracing:
 
         self.sink = sink
         self.sampler = sampling._get_from_env_or_default()  # the SDK's own reading of OTEL_TRACES_SAMPLER[_ARG]
+        self.by_id = by_trace_id(self.sampler)
         _LOG.addFilter(_TRACE_IDS)
 
     def close(self) -> None:
@@ -119,6 +121,19 @@ class RouterTracing:
     def start(self, headers: dict[str, str], route: str) -> Token:
         """The request's server span, child of the client's `traceparent` if any, made current; none if sampled out."""
         name, attributes = f"POST {route}", {"http.request.method": "POST", "http.route": route}
+        if "traceparent" in headers or self.by_id is None:
+            trace_id, parent_id, remote, random, state, kept = self._decide(headers, name, attributes)
+        else:  # cheaply, as most requests may be left out (trace_sampling.py)
+            trace_id, parent_id, remote, random, state = new_id(128), 0, False, RANDOM, None
+            kept = attributes if self.by_id(trace_id) else None
+        if kept is None:
+            return _CURRENT.set((SampledOut(trace_id, random, state), None))
+        span = Span(self.sink, name, SERVER, trace_id, parent_id, remote, SAMPLED | random, state, kept)
+        return _CURRENT.set((RequestTrace(span), span))
+
+    def _decide(self, headers: dict[str, str], name: str, attributes: dict) -> tuple:
+        """The SDK's sampler's decision, as for its own span: the trace's ids, flags and state, and the span's
+        attributes (None: sampled out)."""
         parent_id, remote, random, context = 0, False, RANDOM, None
         if "traceparent" in headers:  # strictly parsed, as the SDK does; a malformed one starts a trace of our own
             context = _PROPAGATOR.extract(headers)
@@ -129,11 +144,8 @@ class RouterTracing:
             trace_id = new_id(128)
         result = self.sampler.should_sample(context, trace_id, name, SpanKind.SERVER, attributes, ())
         state = result.trace_state.to_header() if result.trace_state else None
-        if not result.decision.is_sampled():  # cheaply, as most requests may be left out
-            return _CURRENT.set((SampledOut(trace_id, random, state), None))
-        span = Span(self.sink, name, SERVER, trace_id, parent_id, remote, SAMPLED | random, state,
-                    dict(result.attributes))
-        return _CURRENT.set((RequestTrace(span), span))
+        kept = dict(result.attributes) if result.decision.is_sampled() else None
+        return trace_id, parent_id, remote, random, state, kept
 
     def finish(self, token: Token, answer: Answer | StreamAnswer, request_id: str) -> None:
         """The answer is made: the span ends now, or with the stream (current until then: the relay logs too)."""
@@ -180,21 +192,6 @@ def _then(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], N
             then()
     return both
 
-
-class SampledOut:
-    """A request the sampler left out: no span, and nothing current; both legs carry its `traceparent`, whose flags
-    have SGLang leave its spans out too."""
-
-    def __init__(self, trace_id: int, flags: int, state: str | None):
-        self.headers = {"traceparent": f"00-{trace_id:032x}-{new_id(64):016x}-{flags:02x}"}
-        if state:
-            self.headers["tracestate"] = state
-
-    async def attempt(self, attempt: Attempt) -> Answer | StreamAnswer:
-        attempt.request.headers.update(self.headers)
-        return await attempt.answer()
-
-
 class RequestTrace:
     """One request's server span and what its attempts must know of each other (why the last one failed)."""
 
@@ -212,7 +209,9 @@ class RequestTrace:
         if (reason := self.failed.pop(id(request), None)) is not None:
             span.set("pdcluster.retry_reason", reason)
         client = TracedClient(attempt.d.client, span, attempt.prefill, attempt.decode, room)
-        attempt.d = replace(attempt.d, client=cast(UpstreamClient, client))
+        dispatcher = object.__new__(type(attempt.d))  # dataclasses.replace at a fifth of its cost (its __init__)
+        dispatcher.__dict__.update(attempt.d.__dict__, client=cast(UpstreamClient, client))
+        attempt.d = dispatcher
         token = _CURRENT.set((self, span))  # what the attempt logs is the attempt span's
         try:
             answer = await attempt.answer()
@@ -249,8 +248,7 @@ class TracedClient:
             self.span.event("abort", {"server.address": base_url})
             return await self.client.request(method, base_url, path, body, headers, headers_timeout, on_sent)
         prefill = base_url == self.prefill.url
-        worker = self.prefill if prefill else self.decode
-        role = worker.role.value
+        worker, role = (self.prefill, PREFILL) if prefill else (self.decode, DECODE)
         leg = self.span.child(role, CLIENT, {"pdcluster.role": role, "pdcluster.worker_id": worker.worker_id,
                                              "server.address": base_url, "pdcluster.bootstrap_room": self.room})
         carrier = dict(headers or {})

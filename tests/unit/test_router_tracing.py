@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from pdcluster import otel
 from pdcluster.logs import JsonLineFormatter
-from router import trace_export, tracing
+from router import trace_export, trace_otlp, tracing
 from router.config import RouterConfig
 from tests.fakes import Behaviour, FakeWorker
 from tests.helpers import until
@@ -32,7 +32,7 @@ class LocalSink:
     `processor` in this process (what the tests read is what the exporter process would send)."""
 
     def __init__(self, processor: SpanProcessor):
-        self.processor, self.convert = processor, trace_export.converter()
+        self.processor, self.convert = processor, trace_otlp.converter()
 
     def add(self, record: tuple) -> None:
         self.processor.on_end(self.convert(record))
