@@ -154,9 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="runs of each policy (default 3, --quick 1)")
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--turns", type=int, default=1, help="turns per chat (1: single questions)")
+    parser.add_argument("--prefix-tokens", type=int, help=f"a tenant's system prompt (default {Shape.prefix_tokens})")
+    parser.add_argument("--question-tokens", type=int, help=f"a question or turn (default {Shape.question_tokens})")
+    parser.add_argument("--requests", type=int, help=f"per repeat and policy (default {Shape.requests})")
     parser.add_argument("--dry-run", action="store_true", help="the workload and its oracle only; nothing started")
     args = parser.parse_args(argv)
-    args.shape = replace(QUICK if args.quick else Shape(), turns=args.turns)
+    sized = {k: v for k in ("prefix_tokens", "question_tokens", "requests") if (v := getattr(args, k)) is not None}
+    args.shape = replace(QUICK if args.quick else Shape(), turns=args.turns, **sized)
     args.repeats = args.repeats or (1 if args.quick else 3)
     model = targets.MODELS[args.model]
     if args.dry_run:
@@ -186,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
               "machine": machine, "started_utc": began, "wall_seconds": round(time.monotonic() - t0), "notes": notes,
               "runs": runs, "summary": summary, "verdicts": routing_report.verdicts(summary)}
     name = ("routing" + ("" if args.model == "smollm2" else f"-{args.model}") + ("-quick" if args.quick else "")
-            + (f"-chats{args.turns}" if args.turns > 1 else ""))
+            + (f"-chats{args.turns}" if args.turns > 1 else "")
+            + (f"-p{args.shape.prefix_tokens}q{args.shape.question_tokens}"
+               if {"prefix_tokens", "question_tokens"} & set(sized) else ""))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     routing_report.plot(result, RESULTS / f"{name}.png")

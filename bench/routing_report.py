@@ -108,7 +108,8 @@ def run_row(policy: str, repeat: int, answers: list[dict], oracle_cached: int, s
             "computed_tokens_per_s": round(computed / seconds, 1) if seconds > 0 else None,
             "cached_over_oracle": round(cached / oracle_cached, 4) if oracle_cached else None,
             "ttft_p50_s": percentile(ttfts, 0.5), "ttft_p90_s": percentile(ttfts, 0.9),
-            "by_prefill": by_prefill, "predicted_cached_tokens": sum(predicted) if predicted else None}
+            "by_prefill": by_prefill, "predicted_cached_tokens": sum(predicted) if predicted else None,
+            "answers": [{k: round(v, 3) if isinstance(v, float) else v for k, v in a.items()} for a in answers]}
 
 
 def _spread(values: list[float]) -> dict:
