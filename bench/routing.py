@@ -68,14 +68,19 @@ async def one(client: httpx.AsyncClient, url: str, text: str) -> dict:
             "predicted": int(predicted) if predicted is not None else None}
 
 
-async def drive(url: str, texts: list[str], concurrency: int) -> list[dict]:
-    """A closed loop: `concurrency` clients, each sending the workload's next request once its last one ended."""
+async def drive(url: str, texts: list[str], concurrency: int, after: list[int | None] | None = None) -> list[dict]:
+    """A closed loop: `concurrency` clients, each sending the workload's next request once its last one ended; a
+    chat's turn (`after`: the request it follows) once the turn before it was answered, as a user sends it."""
     answers: list[dict] = [{} for _ in texts]
+    answered = [asyncio.Event() for _ in texts]
     pending = iter(enumerate(texts))
     async with httpx.AsyncClient(timeout=900) as client:
         async def client_loop() -> None:
             for i, text in pending:
+                if after is not None and (before := after[i]) is not None:
+                    await answered[before].wait()  # taken earlier, by a client that waits on nothing later
                 answers[i] = await one(client, url, text)
+                answered[i].set()
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
     return answers
 
@@ -133,7 +138,7 @@ def run_all(args, log_dir: Path, log) -> tuple[list[dict], dict]:
                 if not wait_index_flushed(routers["cache_aware"], 2):
                     notes["index_not_flushed"].append(f"{policy}-{repeat}")
                 began = time.monotonic()
-                answers = asyncio.run(drive(routers[policy].url, texts, args.concurrency))
+                answers = asyncio.run(drive(routers[policy].url, texts, args.concurrency, [r.after for r in requests]))
                 row = routing_report.run_row(policy, repeat, answers, oracle, time.monotonic() - began)
                 notes["prompt_tokens_not_as_the_oracle_counted"] += sum(  # the oracle's tokenizer is SGLang's
                     a.get("prompt_tokens") not in (None, len(i)) for a, i in zip(answers, ids, strict=True))
@@ -156,10 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=1, help="turns per chat (1: single questions)")
     parser.add_argument("--prefix-tokens", type=int, help=f"a tenant's system prompt (default {Shape.prefix_tokens})")
     parser.add_argument("--question-tokens", type=int, help=f"a question or turn (default {Shape.question_tokens})")
+    parser.add_argument("--open-chats", type=int, help="a tenant's chats at once, with --turns (default 1)")
     parser.add_argument("--requests", type=int, help=f"per repeat and policy (default {Shape.requests})")
     parser.add_argument("--dry-run", action="store_true", help="the workload and its oracle only; nothing started")
     args = parser.parse_args(argv)
-    sized = {k: v for k in ("prefix_tokens", "question_tokens", "requests") if (v := getattr(args, k)) is not None}
+    sized = {k: v for k in ("prefix_tokens", "question_tokens", "requests", "open_chats")
+             if (v := getattr(args, k)) is not None}
     args.shape = replace(QUICK if args.quick else Shape(), turns=args.turns, **sized)
     args.repeats = args.repeats or (1 if args.quick else 3)
     model = targets.MODELS[args.model]

@@ -36,12 +36,14 @@ class Shape:
     requests: int = 48
     zipf: float = 1.0
     turns: int = 1  # > 1: a tenant's requests are the turns of its chats, each carrying the chat so far
+    open_chats: int = 1  # a tenant's chats going on at once (turns > 1), its requests spread over them at random
 
 
 @dataclass(frozen=True)
 class Request:
     tenant: int
     text: str
+    after: int | None = None  # the request whose answer this turn follows: sent only once that one is answered
 
 
 def workload(shape: Shape, seed: int) -> list[Request]:
@@ -51,17 +53,20 @@ def workload(shape: Shape, seed: int) -> list[Request]:
     weights = [1 / (k + 1) ** shape.zipf for k in range(shape.tenants)]
     requests = []
     answers = random.Random(-seed)  # apart: the tenants and questions drawn are single questions' with `turns` 1
-    chats: dict[int, tuple[str, int]] = {}  # per tenant, its open chat so far and the turns it has had
+    chats_rng = random.Random(seed + 7919)  # apart too: one open chat draws what earlier results drew
+    # per (tenant, chat): the chat so far, the turns it has had, its last request
+    chats: dict[tuple[int, int], tuple[str, int, int | None]] = {}
     for i in range(shape.requests):
         tenant = rng.choices(range(shape.tenants), weights)[0]
         question = " ".join(rng.choice(WORDS) for _ in range(shape.question_tokens))
-        history, turns = chats.get(tenant, ("", 0))
+        chat = (tenant, chats_rng.randrange(shape.open_chats) if shape.open_chats > 1 else 0)
+        history, turns, last = chats.get(chat, ("", 0, None))
         if turns >= shape.turns:
-            history, turns = "", 0  # that chat is over: a new one
-        requests.append(Request(tenant, f"{prefixes[tenant]}{history}Question {i}: {question}?"))
+            history, turns, last = "", 0, None  # that chat is over: a new one
+        requests.append(Request(tenant, f"{prefixes[tenant]}{history}Question {i}: {question}?", last))
         if shape.turns > 1:  # the answer, as the next turn carries it (written here: the model's is not known yet)
             answer = " ".join(answers.choice(WORDS) for _ in range(shape.question_tokens))
-            chats[tenant] = (f"{history}Question {i}: {question}? Answer: {answer}.\n", turns + 1)
+            chats[chat] = (f"{history}Question {i}: {question}? Answer: {answer}.\n", turns + 1, i)
     return requests
 
 

@@ -4,6 +4,7 @@ against it with their spread over repeats."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 
@@ -25,6 +26,31 @@ def test_the_workload_is_tenants_sharing_long_prefixes_with_zipf_popularity():
         assert len(shared.split()) > 200 and all(t.startswith(shared) for t in texts)
         assert len({t[len(shared):] for t in texts}) == len(texts)  # every question its own
     assert len({r.text.split("Question")[0] for r in requests}) == 4
+
+
+def test_a_chats_turn_carries_the_chat_so_far_and_is_sent_only_once_the_turn_before_is_answered():
+    shape = Shape(tenants=2, prefix_tokens=50, question_tokens=5, requests=40, turns=3, open_chats=2)
+    requests = routing_report.workload(shape, seed=3)
+    follows = [(i, r.after) for i, r in enumerate(requests) if r.after is not None]
+    assert follows and all(before < i and requests[i].text.startswith(requests[before].text) for i, before in follows)
+    assert len({r.text.split("Question")[1] for r in requests if r.after is None}) > 2  # new chats, several at once
+    sent: list[int] = []
+    log: list[tuple[str, int]] = []
+
+    async def answer_later(client, url, text):  # each answer takes a while: a turn sent at once would pass it
+        sent.append(texts.index(text))
+        log.append(("sent", sent[-1]))
+        await asyncio.sleep(0.01)
+        log.append(("answered", texts.index(text)))
+        return {"text": text}
+
+    texts = [r.text for r in requests]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(routing, "one", answer_later)
+        answers = asyncio.run(routing.drive("http://x", texts, 4, [r.after for r in requests]))
+    assert [a["text"] for a in answers] == texts
+    assert all(log.index(("answered", before)) < log.index(("sent", i)) for i, before in follows)
+    assert sent != list(range(len(texts)))  # a waiting turn let later requests pass it
 
 
 def test_the_oracle_is_the_longest_prefix_shared_with_any_earlier_prompt_as_sglang_reuses_it():
