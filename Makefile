@@ -123,9 +123,10 @@ bench-n:
 bench-routing:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL))
 
-# cache_aware across a router restart and a prefill restart on real SGLang (~12 min):
+# cache_aware across a router restart and a prefill restart on real SGLang (~12 min; SHARED=1: both prefills on one
+# KV store directory, routing-restarts-shared.json; needs ~15.5 GiB of RAM available, SGLang's HiCache reserve):
 bench-routing-restarts:
-	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing_restarts
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing_restarts $(if $(SHARED),--shared-store)
 
 # cache_aware's decision (tokenizing, the index walk) and its KV event stream, in the router's process (~1 min):
 bench-routing-decision:

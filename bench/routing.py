@@ -64,6 +64,7 @@ async def one(client: httpx.AsyncClient, url: str, text: str) -> dict:
     meta = event.get("meta_info") or {}
     predicted = headers.get("x-pdcluster-cached-tokens-predicted")
     return {"ttft_s": ttft, "seconds": time.perf_counter() - start, "cached_tokens": meta.get("cached_tokens") or 0,
+            "storage_tokens": int((meta.get("cached_tokens_details") or {}).get("storage") or 0),
             "prompt_tokens": meta.get("prompt_tokens"), "prefill": headers.get("x-pdcluster-prefill"),
             "predicted": int(predicted) if predicted is not None else None}
 

@@ -1,19 +1,29 @@
 """`python -m bench.routing_restarts` (`make bench-routing-restarts`, ~12 min): cache_aware across restarts, on real
-SGLang (2 prefills, 1 decode, SmolLM2; no KV store). One workload of bench.routing's shape, its tenants' system
-prompts the same throughout and every question new, sent in three phases by 4 closed-loop clients through one
-cache_aware router of ours (workers discovered from the bootstrap service, as deployed):
+SGLang (2 prefills, 1 decode, SmolLM2; no KV store, or one shared: `--shared-store` below). One workload of
+bench.routing's shape, its tenants' system prompts the same throughout and every question new, sent in three phases
+by 4 closed-loop clients through one cache_aware router of ours (workers discovered from the bootstrap service):
 1. steady: the reference hit ratio (a request's cached tokens over its prompt tokens), over its second half;
 2. the router restarted (stopped, started on the same port; traffic resumes once it answers): its index is empty
    until it replays what the prefills' publishers buffered;
 3. a prefill killed mid-traffic and started again: its memory is empty, its old index entries must go.
 Per restart: the decisions by kind (`blind`: no candidate's events known), the requests that failed, and the seconds
 from the restarted part being back until the hit ratio over 4 consecutive answers is >= 0.9 of steady. Targets: <= 1%
-of decisions blind, back within 10 s. Writes bench/results/routing-restarts.json and .png. Hold
-`flock /tmp/pdcluster-cluster.lock` (the Makefile target does).
+of decisions blind, back within 10 s. And what the restarted prefill served once back (its requests, their cached
+tokens, read from the store among them, the tokens the router predicted it held), and the other prefill while it was
+down. Writes bench/results/routing-restarts.json and .png. Hold `flock /tmp/pdcluster-cluster.lock` (the Makefile
+target does).
+
+`--shared-store` (`make bench-routing-restarts SHARED=1`, routing-restarts-shared.json and .png): both prefills
+read and write one KV store (`cluster.kv_store.dir`: one fresh directory, so one namespace and one store id), so the
+restarted prefill comes back with an empty memory and a warm store, whose pages cache_aware credits to it
+(router/kv_index.py). The decode gets the store's page size only (decode_offload off: its answers are never a prompt
+here, and a third HiCache worker would need SGLang's 10 GiB RAM reserve once more). Otherwise the same run, but with
+HiCache on the prefills and pages of 64 tokens (only whole pages are cached): compare each run with its own steady.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import re
@@ -23,6 +33,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from bench import cluster_targets as targets
 from bench import procs, report, routing_report
@@ -35,6 +46,10 @@ WINDOW = 4  # answers in a row that make a hit ratio
 RECOVERED = 0.9  # of steady's hit ratio
 TARGET_SECONDS, TARGET_BLIND = 10.0, 0.01
 KILL_AFTER = 5.0  # seconds into phase 3
+BACK_WITHIN = 600.0  # seconds for the restarted prefill to be in the router's pool again, or the run stops
+# SGLang starts a HiCache worker only with 10 GiB of RAM available besides its host pool (~1.4 GiB here), after what
+# the workers starting with it took (~2.5 GiB each; tests/e2e_persistence/conftest.py): two prefills at once.
+STORE_RAM_GIB = 10.5 + 2 * 2.5
 _DECISIONS = re.compile(r'^pdcluster_router_routing_decisions_total\{kind="(\w+)"\} (\S+)$', re.M)
 
 
@@ -78,13 +93,39 @@ def phase_row(name: str, answers: list[dict], kinds: dict[str, float], back_at: 
             "seconds_to_recover": recovery(answers, back_at, steady) if back_at is not None else None}
 
 
-def run(log) -> dict:
+def store_args(store: Path) -> dict[str, list[str]]:
+    """Both prefills on the one directory `store`; the decode with its page size (the launcher's, with kv_store)."""
+    where = ["--cluster", f"kv_store.dir={store}"]
+    return {"prefill": where, "decode": [*where, "--cluster", "kv_store.decode_offload=false"]}
+
+
+def served(answers: list[dict], port: int, since: float, until: float = float("inf")) -> dict:
+    """What the prefill on `port` answered, ending from `since` to `until` (an answer names its prefill,
+    prefill-<host>-<port>)."""
+    mine = [a for a in answers if a.get("error") is None and since <= a["ended"] < until
+            and str(a.get("prefill") or "").endswith(f"-{port}")]
+    return {key: sum(a.get(key) or 0 for a in mine) for key in
+            ("prompt_tokens", "cached_tokens", "storage_tokens", "predicted")} | {"requests": len(mine)}
+
+
+def store_contents(store: Path) -> dict:
+    """The store's namespaces (one: both prefills wrote the same) and their pages, as files on disk."""
+    spaces = [d for d in store.iterdir() if (d / "namespace.json").is_file()] if store.is_dir() else []
+    return {"namespaces": len(spaces), "pages": sum(1 for d in spaces for f in d.iterdir() if f.suffix == ".bin")}
+
+
+def run(log, shared: bool) -> dict:
     model = targets.MODELS["smollm2"]
     log_dir = Path(tempfile.mkdtemp(prefix="bench-routing-restarts-"))
     log(f"process logs in {log_dir}")
     shape = Shape(requests=3 * PER_PHASE)
     texts = [r.text for r in routing_report.workload(shape, seed=1)]  # one set of tenants, every question new
-    cluster = targets.start_cluster(model, 2, sleep_on_idle=True, log_dir=log_dir / "cluster")
+    store = log_dir / "kv"
+    if shared and psutil.virtual_memory().available < STORE_RAM_GIB * 2**30:
+        raise SystemExit(f"--shared-store: SGLang starts the two HiCache prefills only with ~{STORE_RAM_GIB:.1f} GiB "
+                         f"of RAM available, {psutil.virtual_memory().available / 2**30:.1f} GiB are")
+    cluster = targets.start_cluster(model, 2, sleep_on_idle=True, log_dir=log_dir / "cluster",
+                                    extra_args=store_args(store) if shared else None)
     router = None
     try:
         cluster.wait_ready()
@@ -111,32 +152,43 @@ def run(log) -> dict:
         log(f"router restarted: {phases[-1]}")
 
         before = decisions(router)
-        answers, back_at = asyncio.run(prefill_restart(cluster, router, texts[2 * PER_PHASE:], t0, log))
+        answers, down_at, back_at = asyncio.run(prefill_restart(cluster, router, texts[2 * PER_PHASE:], t0, log))
         kinds = {k: v - before.get(k, 0) for k, v in decisions(router).items()}
         phases.append(phase_row("prefill restarted", answers, kinds, back_at, steady))
-        log(f"prefill restarted: {phases[-1]}")
+        # With the store: the other prefill reads the killed one's tenants from it while it is down (storage_tokens),
+        # and the restarted one, once back, reads what either wrote.
+        restarted = {"once_back": served(answers, targets.PORTS["prefill"], back_at),
+                     "other_while_down": served(answers, targets.PORTS["prefill"] + 1, down_at, back_at)}
+        log(f"prefill restarted: {phases[-1]}; prefill-0 restarted: {restarted}")
     finally:
         if router is not None:
             router.stop()
         cluster.stop()
-    return {"steady_hit_ratio": round(steady, 4), "phases": phases}
+    return {"steady_hit_ratio": round(steady, 4), "phases": phases, "restarted_prefill": restarted,
+            **({"store": store_contents(store)} if shared else {})}
 
 
-async def prefill_restart(cluster, router: procs.Proc, texts: list[str], t0: float, log) -> tuple[list[dict], float]:
-    """Phase 3's traffic, with prefill-0 killed KILL_AFTER seconds in and started again; when the router has it back."""
+async def prefill_restart(cluster, router: procs.Proc, texts: list[str], t0: float,
+                          log) -> tuple[list[dict], float, float]:
+    """Phase 3's traffic, with prefill-0 killed KILL_AFTER seconds in and started again; when it was killed, and when
+    the router has it back."""
     traffic = asyncio.create_task(timed(router.url, texts, t0))
     await asyncio.sleep(KILL_AFTER)
+    down_at = time.monotonic() - t0
     name, url = "prefill-0", f"http://127.0.0.1:{targets.PORTS['prefill']}"
     with cluster.held(name) as process:
         await asyncio.to_thread(_kill_and_start, process)
     log(f"{name} killed and started again")
     while await asyncio.to_thread(_usable, router, url):  # until the router saw it go (then come back)
         await asyncio.sleep(0.2)
+    deadline = time.monotonic() + BACK_WITHIN
     while not await asyncio.to_thread(_usable, router, url):
+        if time.monotonic() > deadline:  # e.g. SGLang refused it the RAM (the supervisor restarts it meanwhile)
+            raise RuntimeError(f"{name} not back in the router's pool within {BACK_WITHIN:.0f} s: {process.log_path}")
         await asyncio.sleep(0.5)
     back_at = time.monotonic() - t0
     log(f"{name} back in the router's pool at {back_at:.1f}s")
-    return await traffic, back_at
+    return await traffic, down_at, back_at
 
 
 def _kill_and_start(process) -> None:
@@ -155,28 +207,36 @@ def _usable(router: procs.Proc, url: str) -> bool:
     return any(w.get("url") == url and not w.get("unusable") for w in workers)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="cache_aware across restarts (the module docstring)")
+    parser.add_argument("--shared-store", action="store_true",
+                        help="both prefills on one KV store directory (routing-restarts-shared.json)")
+    args = parser.parse_args(argv)
+    stem = "routing-restarts-shared" if args.shared_store else "routing-restarts"
     t0 = time.monotonic()
 
     def log(line: str) -> None:
         print(f"[routing-restarts {time.monotonic() - t0:5.0f}s] {line}", flush=True)
 
     began, machine = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), report.machine()
-    measured = run(log)
+    measured = run(log, args.shared_store)
     restarts = measured["phases"][1:]
     verdicts = {p["phase"]: {"blind_share": p["blind_share"], "blind_met": (p["blind_share"] or 0) <= TARGET_BLIND,
                              "seconds_to_recover": p["seconds_to_recover"],
                              "recover_met": p["seconds_to_recover"] is not None
                              and p["seconds_to_recover"] <= TARGET_SECONDS} for p in restarts}
-    result = {"benchmark": "cache_aware across a router restart and a prefill restart, 2 prefills + 1 decode, SmolLM2",
+    store = ", both prefills on one KV store" if args.shared_store else ""
+    result = {"benchmark": f"cache_aware across a router restart and a prefill restart, 2 prefills + 1 decode, "
+                           f"SmolLM2{store}",
               "settings": {"shape": vars(Shape(requests=3 * PER_PHASE)), "per_phase": PER_PHASE,
+                           "shared_store": args.shared_store,
                            "concurrency": CONCURRENCY, "window": WINDOW, "recovered": RECOVERED,
                            "kill_after_s": KILL_AFTER},
               "machine": machine, "started_utc": began, "wall_seconds": round(time.monotonic() - t0),
               **measured, "verdicts": verdicts}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "routing-restarts.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, RESULTS / "routing-restarts.png")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, RESULTS / f"{stem}.png")
     log(json.dumps(verdicts))
     return 0
 
@@ -196,7 +256,7 @@ def plot(result: dict, path: Path) -> None:
             label += f"\nback in {p['seconds_to_recover']} s"
         ax.text(i, (p["hit_ratio"] or 0) / 2, label, ha="center", fontsize=8, color="white")
     ax.set_ylabel("cached / prompt tokens")
-    ax.set_title("cache_aware across restarts")
+    ax.set_title("cache_aware across restarts" + (", one KV store" if result["settings"].get("shared_store") else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

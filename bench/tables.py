@@ -242,11 +242,16 @@ def routing_decision(name: str = "routing-decision.json") -> str:
 
 
 def routing_restarts(name: str = "routing-restarts.json") -> str:
+    if not (RESULTS / name).is_file():  # a variant not run yet (the others' results are all committed)
+        return "Not run yet."
     result = load(name)
     rows = [[p["phase"], str(p["requests"]), str(p["errors"]), num(p["hit_ratio"], 3), num(p["blind_share"], 3),
              num(p["seconds_to_recover"], 1)] for p in result["phases"]]
+    once_back = ("\n\nRestarted prefill, once back: {requests} requests, {cached_tokens} / {prompt_tokens} prompt "
+                 "tokens cached ({storage_tokens} from the store), {predicted} predicted.".format(**back)
+                 if (back := result.get("restarted_prefill", {}).get("once_back")) else "")
     return (source(result, name) + f" steady (its second half) hit ratio {result['steady_hit_ratio']:.3f}\n\n"
-            + grid(["phase", "requests", "errors", "hit ratio", "blind share", "s until back"], rows))
+            + grid(["phase", "requests", "errors", "hit ratio", "blind share", "s until back"], rows) + once_back)
 
 
 TABLES: dict[str, Callable[[], str]] = {
@@ -263,6 +268,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "routing": routing,
     "routing-decision": routing_decision,
     "routing-restarts": routing_restarts,
+    "routing-restarts-shared": lambda: routing_restarts("routing-restarts-shared.json"),
     "tracing-cost": lambda: source(load("tracing-cost.json"), "tracing-cost.json") + " "
     + tracing_cost.table(load("tracing-cost.json")),
 }

@@ -129,3 +129,22 @@ def test_chats_carry_their_turns_so_far_and_keep_single_questions_as_they_were()
                 assert text.startswith(texts[turn - 1]) and "Answer:" in text[len(texts[turn - 1]):]
             else:
                 assert "Answer:" not in text
+
+
+def test_restarts_count_what_the_restarted_prefill_served_once_back_and_share_one_store_dir(tmp_path):
+    from bench import routing_restarts as restarts
+
+    def answer(ended: float, port: int, cached: int, storage: int = 0) -> dict:
+        return {"ended": ended, "prefill": f"prefill-127.0.0.1-{port}", "cached_tokens": cached,
+                "storage_tokens": storage, "prompt_tokens": 100, "predicted": cached, "error": None}
+
+    answers = [answer(5.0, 27100, 90), answer(11.0, 27100, 80, 64), answer(12.0, 27101, 90),
+               {"ended": 13.0, "prefill": "prefill-127.0.0.1-27100", "error": "x"}, answer(14.0, 27100, 0)]
+    assert restarts.served(answers, 27100, 10.0) == {
+        "requests": 2, "prompt_tokens": 200, "cached_tokens": 80, "storage_tokens": 64, "predicted": 80}
+    assert restarts.served(answers, 27100, 0.0, 11.0)["requests"] == 1  # ended before 11 s
+    assert restarts.served(answers, 27101, 0.0)["cached_tokens"] == 90
+    args = restarts.store_args(tmp_path / "kv")
+    assert args["prefill"] == ["--cluster", f"kv_store.dir={tmp_path / 'kv'}"]  # every prefill: the same directory
+    assert args["decode"][:2] == args["prefill"] and "kv_store.decode_offload=false" in args["decode"]
+    assert restarts.store_contents(tmp_path / "kv") == {"namespaces": 0, "pages": 0}
