@@ -168,7 +168,10 @@ def start_sglang(log_dir: Path, prefill: Worker | list[Worker], decode: Worker, 
             *[arg for p in prefills for arg in ("--prefill", p.url, str(p.kv_bootstrap_port))], "--decode", decode.url,
             "--host", HOST, "--port", str(port), "--prefill-policy", policy, "--decode-policy", "round_robin",
             "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
-            "--log-level", "warn", "--shutdown-grace-period-secs", "1"]
+            "--log-level", "warn", "--shutdown-grace-period-secs", "1",
+            # A busy CPU prefill's /health waits for its scheduler (a forward pass of seconds): at its default 5 s,
+            # SGLang's router took both prefills for dead under long prompts and refused requests (503s).
+            "--health-check-timeout-secs", "60"]
     # HF_HUB_OFFLINE: belt and braces; it is given no model path, so it has no tokenizer to fetch anyway.
     return start(name, argv, log_dir, port, env={"HF_HUB_OFFLINE": "1", "RUST_LOG_STYLE": "never"})
 
