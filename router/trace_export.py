@@ -37,16 +37,10 @@ log = logging.getLogger("pdcluster.router")
 # state a `tracestate` header or None; times in ns since the epoch; events (name, time, attributes).
 RECORD = ("name", "kind", "trace_id", "span_id", "parent_id", "parent_is_remote", "trace_flags", "trace_state",
           "start_ns", "end_ns", "attributes", "status", "status_description", "events")
-# An attempt's record carries its legs' spans, ended by then, as a 15th field: a tuple of legs, each laid out as LEG
-# says (the exporter makes them spans of their own: `spans`). Two fewer records and attribute dicts a request, as the
-# router's CPU per span was most of tracing's cost to it; a leg that ends after its attempt is a record of its own.
-LEG = ("name", "span_id", "start_ns", "end_ns", "worker_id", "address", "http_status", "status", "status_description",
-       "cancelled")
 Record = tuple[Any, ...]
-BATCH = 256  # records per write: ~128 requests' spans, ~30 KB pickled
+BATCH = 256  # records per write: 64 requests' spans, ~30 KB pickled
 FLUSH_EVERY = 0.25  # seconds a record may wait for its batch to fill
 ERROR = 2  # StatusCode.ERROR
-CLIENT = 2  # SpanKind.CLIENT: a leg's
 PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size: ~30 batches in flight
 
 
@@ -97,15 +91,12 @@ class Span:
             self.events = (*self.events, (name, time_ns(), attributes))
 
     def end(self) -> None:
-        if not self.end_ns:
-            self.end_ns = time_ns()
-            self.record()
-
-    def record(self, legs: tuple[tuple, ...] = ()) -> None:
-        """To the sink, ended, with its legs' spans (LEG) if it is an attempt's."""
-        record = (self.name, self.kind, self.trace_id, self.span_id, self.parent_id, self.remote, self.flags,
-                  self.state, self.start_ns, self.end_ns, self.attributes, self.status, self.description, self.events)
-        self.sink.add((*record, legs) if legs else record)
+        if self.end_ns:
+            return
+        self.end_ns = time_ns()
+        self.sink.add((self.name, self.kind, self.trace_id, self.span_id, self.parent_id, self.remote, self.flags,
+                       self.state, self.start_ns, self.end_ns, self.attributes, self.status, self.description,
+                       self.events))
 
     def traceparent(self, headers: dict[str, str]) -> None:
         """The W3C headers that make this span the parent of what the receiver does (what the SDK's propagator
@@ -113,32 +104,6 @@ class Span:
         headers["traceparent"] = f"00-{self.trace_id:032x}-{self.span_id:016x}-{self.flags:02x}"
         if self.state:
             headers["tracestate"] = self.state
-
-
-def leg_record(trace_id: int, parent_id: int, flags: int, state: str | None, room: Any, leg: tuple) -> Record:
-    """A leg (LEG) as the record of its own span, child of its attempt's (a record as RECORD)."""
-    role, span_id, start, end, worker_id, address, code, status, description, cancelled = leg
-    attributes = {"pdcluster.role": role, "pdcluster.worker_id": worker_id, "server.address": address,
-                  "pdcluster.bootstrap_room": room}
-    if code is not None:
-        attributes["http.response.status_code"] = code
-    if cancelled:
-        attributes["pdcluster.cancelled"] = True
-    return (role, CLIENT, trace_id, span_id, parent_id, False, flags, state, start, end, attributes, status,
-            description, ())
-
-
-def spans(record: Record) -> list[Record]:
-    """The spans a record stands for: itself, and an attempt's legs."""
-    if len(record) == len(RECORD):
-        return [record]
-    head = record[:len(RECORD)]
-    room = head[10].get("pdcluster.bootstrap_room")
-    return [head, *(leg_record(head[2], head[3], head[6], head[7], room, leg) for leg in record[len(RECORD)])]
-
-
-def span_count(records: list[Record]) -> int:
-    return sum(1 if len(r) == len(RECORD) else 1 + len(r[len(RECORD)]) for r in records)
 
 
 class PipeWriter:
@@ -185,7 +150,7 @@ class PipeWriter:
             if written:
                 self.unsent = data[written:]
             else:  # the exporter process is behind, or stuck: the pipe has no room
-                self.dropped(span_count(batch))
+                self.dropped(len(batch))
         if self.unsent and self.timer is None:
             self._arm()
 
@@ -206,7 +171,7 @@ class PipeWriter:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        count, pending = span_count(self.buffer), [self.unsent]
+        count, pending = len(self.buffer), [self.unsent]
         if self.buffer:
             pending.append(memoryview(pickle.dumps(self.buffer, pickle.HIGHEST_PROTOCOL)))
         self.buffer, self.unsent = [], memoryview(b"")
@@ -267,8 +232,7 @@ def serve(reader: Connection, log_level: str, log_json: bool) -> None:
                 return
             for record in batch:
                 try:
-                    for span in spans(record):
-                        processor.on_end(convert(span))
+                    processor.on_end(convert(record))
                 except Exception:  # one bad record costs itself only
                     log.exception("a span the exporter could not convert", extra={"span": str(record[:2])})
     finally:

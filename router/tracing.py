@@ -12,10 +12,9 @@ SGLang 0.5.23 reads it: tests/unit/test_router_tracing_sglang.py); /health probe
 Spans are made by hand: the PD routes bypass FastAPI (router/edge.py), the data plane has its own client.
 
 A span here is a light record (trace_export.Span, none of the SDK's locks, limits or context switches), a tuple once
-ended (a leg's, plain values its attempt's tuple carries: router/trace_legs.py), which the sink
-(router/trace_export.py) ships to the router's exporter process to be encoded and exported: not on the router's CPU,
-and a slow, hung or absent collector costs dropped spans, never a request's time (pdcluster_router_spans_dropped_total
-counts the router's). The sampler the SDK makes of OTEL_TRACES_SAMPLER[_ARG]
+ended, which the sink (router/trace_export.py) ships to the router's exporter process to be encoded and exported:
+not on the router's CPU, and a slow, hung or absent collector costs dropped spans, never a request's time
+(pdcluster_router_spans_dropped_total counts the router's). The sampler the SDK makes of OTEL_TRACES_SAMPLER[_ARG]
 decides once per request (router/trace_sampling.py); a request left out costs ~1 µs and no record: its legs carry its
 unsampled `traceparent` only. While a traced request is answered, its span is current here: the router's log
 records about it carry its `trace_id` and `span_id` (TraceIds).
@@ -35,22 +34,24 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from pdcluster import otel
+from pdcluster.protocol import Role
 from router import trace_export
 from router.edge import Answer, StreamAnswer
 from router.failures import HalfFailed
 from router.trace_export import Span, new_id
-from router.trace_legs import TracedClient, message
 from router.trace_sampling import RANDOM, SampledOut, by_trace_id
-from router.upstream import UpstreamClient
+from router.upstream import UpstreamClient, UpstreamResponse
 
 if TYPE_CHECKING:
     from router.attempt import Attempt
     from router.config import RouterConfig
     from router.trace_export import Sink
+    from router.workers import Worker
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 SAMPLED = 0x01  # W3C trace flags: sampled
 INTERNAL, SERVER, CLIENT = SpanKind.INTERNAL.value, SpanKind.SERVER.value, SpanKind.CLIENT.value
+PREFILL, DECODE = Role.PREFILL.value, Role.DECODE.value
 
 # What the code running now is part of: the request (for its attempts) and the span its log records name. Set by
 # `start` in the task answering the request (a fan-out's choices inherit it): no request has a field only for tracing.
@@ -230,5 +231,68 @@ class RequestTrace:
         return answer
 
 
+class TracedClient:
+    """The attempt's view of the data plane's client: each leg's request in a span of its own, whose context its
+    `traceparent` carries; /abort_request calls are events of the attempt. Not pointing back at the attempt (which
+    holds it), it makes no reference cycle per request."""
+
+    def __init__(self, client: UpstreamClient, span: Span, prefill: Worker, decode: Worker, room: int | list[int]):
+        self.client, self.span, self.prefill, self.decode, self.room = client, span, prefill, decode, room
+        self.decode_leg: Span | None = None
+        self.ended = False
+
+    async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
+                      headers: dict[str, str] | None = None, headers_timeout: float | None = None,
+                      on_sent: Callable[[UpstreamResponse], None] | None = None) -> UpstreamResponse:
+        if path == "/abort_request":
+            self.span.event("abort", {"server.address": base_url})
+            return await self.client.request(method, base_url, path, body, headers, headers_timeout, on_sent)
+        prefill = base_url == self.prefill.url
+        worker, role = (self.prefill, PREFILL) if prefill else (self.decode, DECODE)
+        leg = self.span.child(role, CLIENT, {"pdcluster.role": role, "pdcluster.worker_id": worker.worker_id,
+                                             "server.address": base_url, "pdcluster.bootstrap_room": self.room})
+        carrier = dict(headers or {})
+        leg.traceparent(carrier)
+        try:
+            response = await self.client.request(method, base_url, path, body, carrier, headers_timeout, on_sent)
+        except BaseException as exc:
+            _failed(leg, exc)
+            leg.end()
+            raise
+        leg.set("http.response.status_code", response.status)
+        if prefill and (task := asyncio.current_task()) is not None:  # the prefill half's own task: it ends with it
+            task.add_done_callback(lambda done: _leg_done(leg, done))
+        else:
+            self.decode_leg = leg
+        return response
+
+    def end(self, attempt: Attempt, failure: HalfFailed | None = None) -> None:
+        """The attempt ended (its outcome is set): its span and the decode's leg end; a prefill may trail."""
+        if self.ended:
+            return
+        self.ended = True
+        span, outcome = self.span, attempt.outcome
+        if outcome is not None:
+            span.set("pdcluster.outcome", outcome.ending.value)
+            failure = failure or outcome.failure
+        if failure is not None:
+            span.update({"pdcluster.failure": failure.message, "pdcluster.retryable": failure.retryable,
+                         "pdcluster.failed_worker": failure.worker.worker_id})
+            span.error(failure.message)
+        if self.decode_leg is not None:
+            if failure is not None and failure.worker is self.decode:
+                _failed(self.decode_leg, failure)
+            self.decode_leg.end()
+        span.end()
+
+
 def _failed(span: Span, exc: BaseException) -> None:
-    span.error(message(exc))
+    span.error(getattr(exc, "message", None) or repr(exc))
+
+
+def _leg_done(leg: Span, task: asyncio.Future) -> None:
+    if task.cancelled():
+        leg.set("pdcluster.cancelled", True)
+    elif (exc := task.exception()) is not None:
+        _failed(leg, exc)
+    leg.end()
