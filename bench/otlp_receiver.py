@@ -9,6 +9,7 @@ a stuck collector can do to an exporter.
 from __future__ import annotations
 
 import gzip
+import os
 import socket
 import threading
 import zlib
@@ -46,7 +47,10 @@ def _value(value: AnyValue) -> Any:
 
 
 def decode(payload: bytes) -> list[Span]:
-    request = ExportTraceServiceRequest.FromString(payload)
+    return spans_of(ExportTraceServiceRequest.FromString(payload))
+
+
+def spans_of(request: ExportTraceServiceRequest) -> list[Span]:
     spans = []
     for resource_spans in request.resource_spans:
         resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
@@ -62,10 +66,12 @@ def decode(payload: bytes) -> list[Span]:
 
 class Receiver:
     """`with Receiver() as collector:` set OTEL_EXPORTER_OTLP_ENDPOINT to `collector.endpoint`; `collector.spans`
-    holds what arrived (with keep=False, only `collector.count`: the benchmark's collector decodes and forgets)."""
+    holds what arrived (with keep=False, only `collector.count`: the benchmark's collector parses each message, as a
+    collector would, and counts its spans). `nice`: its threads' niceness (the benchmark's, which measures a router
+    on the same cores, where a collector would run elsewhere)."""
 
-    def __init__(self, hang: bool = False, keep: bool = True):
-        self.hang, self.keep = hang, keep
+    def __init__(self, hang: bool = False, keep: bool = True, nice: int = 0):
+        self.hang, self.keep, self.nice = hang, keep, nice
         self.spans: list[Span] = []
         self.count = 0  # spans received
         self.posts = 0  # export requests answered
@@ -107,14 +113,18 @@ class Receiver:
                     receiver.held.append(self.connection)
                     receiver.closing.wait()
                     return
+                if receiver.nice:
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), receiver.nice)
                 payload = self.rfile.read(int(self.headers.get("content-length") or 0))
                 encoding = self.headers.get("content-encoding")
-                spans = decode(_DECOMPRESS[encoding](payload) if encoding in _DECOMPRESS else payload)
+                message = ExportTraceServiceRequest.FromString(
+                    _DECOMPRESS[encoding](payload) if encoding in _DECOMPRESS else payload)
+                spans = spans_of(message) if receiver.keep else []
+                count = sum(len(s.spans) for r in message.resource_spans for s in r.scope_spans)
                 with receiver.lock:
-                    receiver.count += len(spans)
+                    receiver.count += count
                     receiver.posts += 1
-                    if receiver.keep:
-                        receiver.spans.extend(spans)
+                    receiver.spans.extend(spans)
                 answer = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200 if self.path == "/v1/traces" else 404)
                 self.send_header("content-type", "application/x-protobuf")

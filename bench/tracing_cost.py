@@ -3,7 +3,8 @@
 Three routers (`python -m router`, one process each) over the same two fake SGLang workers (bench/fake_worker.py):
 tracing off; on, every request traced; on, 1% of requests sampled (OTEL_TRACES_SAMPLER). A traced router's exporter
 process (router/trace_export.py) exports over real OTLP/HTTP (the SDK's batch processor and OTLP exporter at their
-defaults, as in production) to a receiver in this process (bench/otlp_receiver.py) that decodes every batch. Each
+defaults, as in production) to a receiver in this process (bench/otlp_receiver.py) that parses every batch and
+counts its spans, at nice 19: a collector runs elsewhere, not on the 2 cores the router is measured on. Each
 round drives each router with wrk (the router benchmark's harness, bench/router.py), plain and streamed, in turn, which
 goes first rotating. The cost, in CPU seconds (every thread) over the requests answered, not wall time, is counted
 apart for the router process (the target's verdict: a request waits on it alone) and for its children (the exporter
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = {**report.machine(), "wrk": loadgen.wrk_version(), "cores_busy_before_start": busy_before}
     started: list[procs.Proc] = []
     cells: list[dict] = []
-    with Receiver(keep=False) as collector:
+    with Receiver(keep=False, nice=19) as collector:
         try:
             fakes = [procs.start_fake(name, logs, args.chunks) for name in ("fake_prefill", "fake_decode")]
             started += fakes
