@@ -48,3 +48,20 @@ def test_the_oldest_go_first_past_the_bound_and_a_removed_worker_holds_nothing()
     assert routed.held(["p1"], 16, chunk_keys([3, *PROMPT], 16, 99)) == {"p1": 96}
     routed.drop("p1")
     assert routed.held(["p1"], 16, chunk_keys([3, *PROMPT], 16, 99)) == {} and not routed.prompts and not routed.keys
+
+
+def test_a_prompt_credited_in_part_is_extended_unless_forgotten_meanwhile():
+    """cache_aware credits what its decision read at once and the rest in the event loop's next turn."""
+    clock, keys = Clock(), chunk_keys(PROMPT, 16, 99)
+    routed = RoutedPrompts(clock=clock)
+    entry = routed.add("p0", 16, keys[:2])
+    assert entry is not None and routed.held(["p0"], 16, keys) == {"p0": 32}
+    routed.extend(entry, keys)
+    assert routed.held(["p0"], 16, keys) == {"p0": 96}
+    clock.now = kv_routed.TTL + 1
+    assert routed.held(["p0"], 16, keys) == {} and routed.keys == {}  # all its keys expire with it
+    gone = routed.add("p1", 16, keys[:1])
+    routed.drop("p1")
+    assert gone is not None
+    routed.extend(gone, keys)  # the worker left before the rest came: nothing is claimed for it
+    assert routed.held(["p1"], 16, keys) == {} and not routed.keys
