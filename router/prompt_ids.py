@@ -133,9 +133,12 @@ class PromptTokens:
     def lazy(self, request: _Request, model_path: str | None) -> LazyIds | None:
         """The prompt's leading ids, encoded only as far as a walk reads them, with its last token spared (the
         policy matches all but the last: SGLang computes at least one)."""
-        if request.prompt_ids is not None:  # a worker's tokenizer made them (`ask`)
-            return LazyIds(request.prompt_ids, spare=1)
         checked = request.checked
+        if request.prompt_ids is not None:  # a worker's tokenizer made them (`ask`)
+            given = LazyIds(request.prompt_ids, spare=1)
+            if request.route != CHAT and isinstance(checked.first_prompt, str):  # `ask` sent MAX_CHARS of it
+                given.chars, given.chars_read = len(checked.first_prompt), min(MAX_CHARS, len(checked.first_prompt))
+            return given
         if checked.token_ids is not None:
             ids = checked.prompts[0] if checked.prompts else None
             return LazyIds(ids, spare=1) if isinstance(ids, list) else None

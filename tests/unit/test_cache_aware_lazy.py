@@ -16,6 +16,7 @@ from router.kv_routed import RoutedPrompts
 from router.kv_wire import Stored
 from router.metrics import RouterMetrics
 from router.pairing import make_policy
+from router.prompt_ids import MAX_CHARS
 from router.request import PdRequest
 from router.token_pieces import PIECE_CHARS, PieceTokenizer
 from router.validation import check_generate
@@ -110,3 +111,14 @@ def test_a_burst_sharing_a_new_long_prefix_follows_its_first_request_once_its_re
     routed = asyncio.run(burst())
     assert {worker for worker, _ in routed} == {routed[0][0]}
     assert all(cached is not None and cached >= 3001 - 16 for _, cached in routed[1:])
+
+
+def test_ids_a_worker_made_of_a_long_texts_first_characters_book_the_rest_at_their_rate():
+    policy, _, _ = setup(2, text(10, seed=6))
+    long = request("word " * 20_000)  # 100k characters, of which `ask` tokenizes MAX_CHARS
+    long.prompt_ids = list(range(MAX_CHARS // 5))  # a token a word
+    ids = policy.tokens.lazy(long, "m")
+    assert ids is not None and abs(ids.tokens() - 20_000) < 10
+    short = request("word " * 100)
+    short.prompt_ids = list(range(100))
+    assert policy.tokens.lazy(short, "m").tokens() == 100  # type: ignore[union-attr]
