@@ -112,7 +112,8 @@ class CacheAware:
         held = self.index.held([(w.worker_id, _store(w)) for w in indexed], ids)
         page = next((w.identity.page_size for w in indexed if w.identity is not None and w.identity.page_size), 1)
         chunk = chunk_tokens(page)
-        for worker_id, tokens in self.routed.held([w.worker_id for w in indexed], chunk, ids).items():
+        memory = {worker_id: part.memory for worker_id, part in held.items()}
+        for worker_id, tokens in self.routed.held([w.worker_id for w in indexed], chunk, ids, memory).items():
             _also_holds(held.setdefault(worker_id, Held()), tokens)
         # The prompt's tokens: counted if read to its end, else the part read and the rest at its tokens a character
         # (LazyIds.tokens); a batch's: the router's estimate of all its prompts, if more (router/request.py's).

@@ -69,20 +69,19 @@ class RoutedPrompts:
             routed.keys += more
             self.keys[(routed.worker_id, routed.chunk)].update(more)
 
-    def held(self, worker_ids: Iterable[str], chunk: int, keys: Sequence[int] | LazyIds) -> dict[str, int]:
+    def held(self, worker_ids: Iterable[str], chunk: int, keys: Sequence[int] | LazyIds,
+             beyond: dict[str, int] | None = None) -> dict[str, int]:
         """Per worker with some: the leading tokens of the prompt whose `keys` these are (or of these ids: read no
-        further than a worker was sent) that it was sent lately."""
+        further than a worker was sent) that it was sent lately, if more than its `beyond` (what its events show):
+        a key chains all before it, so a worker's walk starts there (at a cached 8k-token prompt: 1 step, not 306)."""
         self._expire()
         found = {}
         for worker_id in worker_ids:
             counts = self.keys.get((worker_id, chunk))
-            depth = 0
-            if counts:
-                for at in keys.chunk_keys_on(chunk) if isinstance(keys, LazyIds) else keys:
-                    if at not in counts:
-                        break
-                    depth += 1
-            if depth:
+            depth = least = (beyond or {}).get(worker_id, 0) // chunk
+            while counts and (at := _key(keys, chunk, depth)) is not None and at in counts:
+                depth += 1
+            if depth > least:
                 found[worker_id] = depth * chunk
         return found
 
@@ -111,3 +110,8 @@ class RoutedPrompts:
         if not counts:
             del self.keys[(routed.worker_id, routed.chunk)]
 
+
+def _key(keys: Sequence[int] | LazyIds, chunk: int, i: int) -> int | None:
+    if isinstance(keys, LazyIds):
+        return keys.chunk_key(chunk, i)
+    return keys[i] if i < len(keys) else None

@@ -65,3 +65,11 @@ def test_a_prompt_credited_in_part_is_extended_unless_forgotten_meanwhile():
     assert gone is not None
     routed.extend(gone, keys)  # the worker left before the rest came: nothing is claimed for it
     assert routed.held(["p1"], 16, keys) == {} and not routed.keys
+
+
+def test_a_walk_beyond_what_a_worker_holds_starts_there():
+    routed, keys = RoutedPrompts(), chunk_keys(PROMPT, 16, 99)
+    routed.add("p0", 16, keys[:4])
+    assert routed.held(["p0"], 16, keys, {"p0": 40}) == {"p0": 64}  # more than its 40: counted
+    assert routed.held(["p0"], 16, keys, {"p0": 64}) == {}  # no more than it holds: nothing to add
+    assert routed.held(["p0"], 16, [0, 0, *keys[2:]], {"p0": 32}) == {"p0": 64}  # starts at its third chunk
