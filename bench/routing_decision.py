@@ -61,12 +61,16 @@ def text_of(words: int, seed: int) -> str:
 
 
 def request_of(route: str, text: str) -> PdRequest:
+    """A /generate of `text`, or a chat of its part before " Question " as the system prompt and the rest (or, if
+    none, its second half) as the user's: a tenant's chat shares its rendered system prompt."""
     if route == "/generate":
         body: dict = {"text": text, "sampling_params": {"max_new_tokens": 8}}
         checked = check_generate(body)
     else:
-        body = {"model": "m", "messages": [{"role": "system", "content": text[: len(text) // 2]},
-                                           {"role": "user", "content": text[len(text) // 2:]}]}
+        cut = text.find(" Question ")
+        cut = cut if cut >= 0 else len(text) // 2
+        body = {"model": "m", "messages": [{"role": "system", "content": text[:cut]},
+                                           {"role": "user", "content": text[cut + 1:]}]}
         checked = check_chat(body)
     return PdRequest(route, "r", body, checked, 0.0, 60.0)
 
@@ -89,7 +93,7 @@ def decision(policy: CacheAware, workers: list[Worker], route: str, tokens: int,
     shared = text_of(tokens - QUESTION_WORDS - 4, seed=tokens)  # a word a token, and the question's few more
     texts = [text_of(tokens, seed=tokens * 1000 + i) if novel else f"{shared} Question {i}: {text_of(40, seed=i)}?"
              for i in range(repeats)]
-    ids = policy.tokens.of(request_of(route, shared), model)
+    ids = policy.tokens.of(request_of(route, f"{shared} Question 0: ?"), model)
     assert ids, "no ids: the tokenizer did not load"
     for worker in workers:  # p0 holds the shared text as far as the router reads it, p1 a short prefix
         held = len(ids) if worker.worker_id == "p0" else 16
