@@ -113,7 +113,7 @@ class CacheAware:
         page = next((w.identity.page_size for w in indexed if w.identity is not None and w.identity.page_size), 1)
         chunk = chunk_tokens(page)
         memory = {worker_id: part.memory for worker_id, part in held.items()}
-        for worker_id, tokens in self.routed.held([w.worker_id for w in indexed], chunk, ids, memory).items():
+        for worker_id, tokens in self.routed.held([w.worker_id for w in indexed], chunk, ids, memory, False).items():
             _also_holds(held.setdefault(worker_id, Held()), tokens)
         # The prompt's tokens: counted if read to its end, else the part read and the rest at its tokens a character
         # (LazyIds.tokens); a batch's: the router's estimate of all its prompts, if more (router/request.py's).
@@ -130,8 +130,9 @@ class CacheAware:
     def _credit(self, worker_id: str, chunk: int, ids: LazyIds) -> None:
         """The prompt counted as sent to the worker (router/kv_routed.py): its first chunk now, all the rest
         (encoding the rest of the text) once the request is on its way, in the event loop's next turn: counting an
-        8k-token prompt's chunks costs ~0.1 ms, which only a decision in that same turn could use."""
-        routed = self.routed.add(worker_id, chunk, ids.chunk_keys(chunk)[:1])
+        8k-token prompt's chunks costs ~0.1 ms, which only a decision in that same turn could use, and so does
+        forgetting an old one's."""
+        routed = self.routed.add(worker_id, chunk, ids.chunk_keys(chunk)[:1], tidy=False)
         try:
             asyncio.get_running_loop().call_soon(self._credit_rest, routed, worker_id, chunk, ids)
         except RuntimeError:  # no loop (a benchmark, a test): at once
@@ -140,9 +141,10 @@ class CacheAware:
     def _credit_rest(self, routed: Routed | None, worker_id: str, chunk: int, ids: LazyIds) -> None:
         keys = ids.all_chunk_keys(chunk)
         if routed is None:
-            self.routed.add(worker_id, chunk, keys)
+            self.routed.add(worker_id, chunk, keys, tidy=False)
         else:
             self.routed.extend(routed, keys)
+        self.routed.tidy()  # what expired, and the oldest past the bound: not in a decision either
 
     def pick(self, candidates: Sequence[Worker], held: dict[str, Held], prompt_tokens: int) -> Worker:
         """The cheapest candidate (the module's docstring), given what each holds of a prompt's tokens."""

@@ -50,13 +50,13 @@ class RoutedPrompts:
         self.prompts: deque[Routed] = deque()  # oldest first
         self.keys: dict[tuple[str, int], Counter[int]] = {}  # (worker, chunk) -> key -> prompts kept that have it
 
-    def add(self, worker_id: str, chunk: int, keys: list[int]) -> Routed | None:
-        """Counts the prompt whose leading chunks' `keys` these are as held by the worker; the entry, to `extend`."""
+    def add(self, worker_id: str, chunk: int, keys: list[int], tidy: bool = True) -> Routed | None:
+        """Counts the prompt whose leading chunks' `keys` these are as held by the worker; the entry, to `extend`.
+        `tidy`: first forget what expired and the oldest past MAX_PROMPTS, else leave that to a `tidy` later."""
         if not keys:
             return None
-        self._expire()
-        if len(self.prompts) >= MAX_PROMPTS:
-            self._forget(self.prompts.popleft())
+        if tidy:
+            self.tidy(room=1)
         routed = Routed(self.clock() + self.ttl, worker_id, chunk, list(keys))
         self.prompts.append(routed)
         self.keys.setdefault((worker_id, chunk), Counter()).update(routed.keys)
@@ -69,12 +69,21 @@ class RoutedPrompts:
             routed.keys += more
             self.keys[(routed.worker_id, routed.chunk)].update(more)
 
+    def tidy(self, room: int = 0) -> None:
+        """Forgets what expired, and the oldest past MAX_PROMPTS less `room`: each a prompt's keys to uncount, ~0.1 ms
+        for an 8k-token one, which cache_aware spends after its decision, not in it."""
+        self._expire()
+        while len(self.prompts) > max(0, MAX_PROMPTS - room):
+            self._forget(self.prompts.popleft())
+
     def held(self, worker_ids: Iterable[str], chunk: int, keys: Sequence[int] | LazyIds,
-             beyond: dict[str, int] | None = None) -> dict[str, int]:
+             beyond: dict[str, int] | None = None, expire: bool = True) -> dict[str, int]:
         """Per worker with some: the leading tokens of the prompt whose `keys` these are (or of these ids: read no
         further than a worker was sent) that it was sent lately, if more than its `beyond` (what its events show):
-        a key chains all before it, so a worker's walk starts there (at a cached 8k-token prompt: 1 step, not 306)."""
-        self._expire()
+        a key chains all before it, so a worker's walk starts there (at a cached 8k-token prompt: 1 step, not 306).
+        `expire`: first forget what expired (else a prompt may count until the next `tidy`)."""
+        if expire:
+            self._expire()
         found = {}
         for worker_id in worker_ids:
             counts = self.keys.get((worker_id, chunk))

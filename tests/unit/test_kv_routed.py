@@ -73,3 +73,17 @@ def test_a_walk_beyond_what_a_worker_holds_starts_there():
     assert routed.held(["p0"], 16, keys, {"p0": 40}) == {"p0": 64}  # more than its 40: counted
     assert routed.held(["p0"], 16, keys, {"p0": 64}) == {}  # no more than it holds: nothing to add
     assert routed.held(["p0"], 16, [0, 0, *keys[2:]], {"p0": 32}) == {"p0": 64}  # starts at its third chunk
+
+
+def test_untidy_adds_and_walks_leave_forgetting_to_tidy():
+    """cache_aware forgets old prompts after its decision, not in it: each costs a pass over its keys."""
+    clock = Clock()
+    routed, keys = RoutedPrompts(clock=clock), chunk_keys(PROMPT, 16, 99)
+    for i in range(kv_routed.MAX_PROMPTS + 2):
+        routed.add("p0", 16, chunk_keys([i, *PROMPT], 16, 99), tidy=False)
+    routed.add("p1", 16, keys, tidy=False)
+    assert len(routed.prompts) == kv_routed.MAX_PROMPTS + 3
+    clock.now = kv_routed.TTL + 1
+    assert routed.held(["p1"], 16, keys, expire=False) == {"p1": 96}  # expired, not yet forgotten
+    routed.tidy()
+    assert not routed.prompts and not routed.keys
