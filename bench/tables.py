@@ -233,12 +233,13 @@ def routing(name: str = "routing.json") -> str:
 
 def routing_decision(name: str = "routing-decision.json") -> str:
     result = load(name)
-    cells = "; ".join(f"{d['route'].rsplit('/', 1)[-1]} {d['words']} words {d['prompt']}: {d['p50_ms']:.2f} / "
+    cells = "; ".join(f"{d['route'].rsplit('/', 1)[-1]} {d['tokens']} tokens {d['prompt']}: {d['p50_ms']:.2f} / "
                       f"{d['p99_ms']:.2f}" for d in result["decisions"])
     events, verdict = result["events"], result["verdict"]
-    return (source(result, name) + f" p50 / p99 ms: {cells}. Events: {events['cpu_us_per_token']:.1f} µs of CPU a "
-            f"stored token, {100 * events['core_share']:.2f}% of a core at {events['tokens_per_s']:.0f} tokens/s "
-            f"({events['rate_from']}). Targets: {_met(verdict['met'])}.")
+    credit = max(d.get("credit_p50_ms", 0) for d in result["decisions"])
+    return (source(result, name) + f" p50 / p99 ms: {cells}; then the credit: {credit:.1f} ms. Events: "
+            f"{events['cpu_us_per_token']:.1f} µs of CPU a stored token, {100 * events['core_share']:.2f}% of a core "
+            f"at {events['tokens_per_s']:.0f} tokens/s ({events['rate_from']}). Targets: {_met(verdict['met'])}.")
 
 
 def routing_restarts(name: str = "routing-restarts.json") -> str:

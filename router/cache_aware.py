@@ -24,7 +24,12 @@ would read it, unless its queue costs more than that difference.
 
 The prompt's token ids (router/prompt_ids.py): given, or by the model's tokenizer where this router can read its
 folder; else (compose, Kubernetes: the workers downloaded the model) `prepare` asks a candidate's own /tokenize
-first, once per request, so the router needs no model of its own.
+first, once per request, so the router needs no model of its own. A text is encoded only as far as a candidate holds
+it and a chunk more (router/kv_keys.py's LazyIds): the match needs no more, so a prompt none holds costs a piece's
+encode (~0.1 ms), not its whole (~7 ms at 8k tokens). Its tokens not read are booked at the rate a character of those
+read (an estimate; the router's own, 2 characters a token, is ~3x too high for English). The chosen prefill is
+credited with the prompt (router/kv_routed.py) in the event loop's next turn, the rest of its text encoded then: off
+the request's path, before the next request's decision as a rule.
 
 Blind: when no candidate's events were heard (none publishes, or none got through yet) and none's store is known to
 hold a page, it routes as round robin does (perhaps no candidate has a radix cache: affinity would cost balance for
@@ -37,12 +42,14 @@ what its answer reports (`meta_info.cached_tokens`).
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Sequence
 from typing import Protocol
 
-from router.kv_index import Held, KvIndex
-from router.kv_routed import RoutedPrompts, chunk_keys, chunk_tokens
+from router.kv_index import KvIndex
+from router.kv_keys import Held, LazyIds, chunk_tokens
+from router.kv_routed import Routed, RoutedPrompts
 from router.metrics import RouterMetrics
 from router.prompt_ids import Client, PromptTokens
 from router.request import PdRequest
@@ -98,26 +105,46 @@ class CacheAware:
         if not indexed:
             return self._count("blind", self.blind.choose(candidates, ""))
         model = next((w.identity.model_path for w in indexed if w.identity is not None), None)
-        ids = self.tokens.of(request, model)
+        ids = self.tokens.lazy(request, model)
         if ids is None:
             return self._count("no_tokens", self.fallback.choose(candidates, request.hint))
-        held = self.index.held([(w.worker_id, _store(w)) for w in indexed], ids, len(ids) - 1)
+        # Read (and encoded) only while some candidate holds the next chunk: a prompt none holds costs a piece's encode.
+        held = self.index.held([(w.worker_id, _store(w)) for w in indexed], ids)
         page = next((w.identity.page_size for w in indexed if w.identity is not None and w.identity.page_size), 1)
         chunk = chunk_tokens(page)
-        keys = chunk_keys(ids, chunk, len(ids) - 1)
-        for worker_id, tokens in self.routed.held([w.worker_id for w in indexed], chunk, keys).items():
+        memory = {worker_id: part.memory for worker_id, part in held.items()}
+        for worker_id, tokens in self.routed.held([w.worker_id for w in indexed], chunk, ids, memory, False).items():
             _also_holds(held.setdefault(worker_id, Held()), tokens)
-        # The prompt's tokens: its ids', unless they are a long text's first part or a batch's first prompt's (then
-        # the router's estimate, an upper bound; router/request.py's is ~3x too high for ordinary English text).
+        # The prompt's tokens: counted if read to its end, else the part read and the rest at its tokens a character
+        # (LazyIds.tokens); a batch's: the router's estimate of all its prompts, if more (router/request.py's).
         single = request.checked.batch_size is None
-        total = len(ids) if single and self.tokens.whole(request) else max(len(ids), request.checked.prompt_tokens)
+        total = ids.tokens() if single else max(ids.tokens(), request.checked.prompt_tokens)
         chosen = self.pick(candidates, held, total)
-        self.routed.add(chosen.worker_id, chunk, keys)
+        self._credit(chosen.worker_id, chunk, ids)
         predicted = held.get(chosen.worker_id, Held()).tokens
         request.prefill_work = max(0, total - predicted)  # what its prefill half books (router/attempt.py)
         if single:  # a batch's answer counts all its prompts: no comparison
             request.predicted_cached = predicted
         return self._count("indexed", chosen)
+
+    def _credit(self, worker_id: str, chunk: int, ids: LazyIds) -> None:
+        """The prompt counted as sent to the worker (router/kv_routed.py): its first chunk now, all the rest
+        (encoding the rest of the text) once the request is on its way, in the event loop's next turn: counting an
+        8k-token prompt's chunks costs ~0.1 ms, which only a decision in that same turn could use, and so does
+        forgetting an old one's."""
+        routed = self.routed.add(worker_id, chunk, ids.chunk_keys(chunk)[:1], tidy=False)
+        try:
+            asyncio.get_running_loop().call_soon(self._credit_rest, routed, worker_id, chunk, ids)
+        except RuntimeError:  # no loop (a benchmark, a test): at once
+            self._credit_rest(routed, worker_id, chunk, ids)
+
+    def _credit_rest(self, routed: Routed | None, worker_id: str, chunk: int, ids: LazyIds) -> None:
+        keys = ids.all_chunk_keys(chunk)
+        if routed is None:
+            self.routed.add(worker_id, chunk, keys, tidy=False)
+        else:
+            self.routed.extend(routed, keys)
+        self.routed.tidy()  # what expired, and the oldest past the bound: not in a decision either
 
     def pick(self, candidates: Sequence[Worker], held: dict[str, Held], prompt_tokens: int) -> Worker:
         """The cheapest candidate (the module's docstring), given what each holds of a prompt's tokens."""

@@ -1,11 +1,11 @@
 """Which prefill holds which pages of KV, in which tier, from the workers' own KV events (router/kv_wire.py).
 
 Keyed as SGLang's gateway keys its index: by what a page holds, not by the engine's hash, so it never depends on the
-engine's hash function or its namespacing. A page's key chains its parent's key with its own token ids (so it says
-the page's position and everything before it); the router computes the same chain over a request's token ids and
-walks it while some worker holds the next key. The engine's hash is kept only to resolve removals and to find a
-stored page's parent. A page is in a worker's memory while a tier of it (GPU, CPU_PINNED: HiCache's) holds it: HiCache
-loads a page held lower back for the next request.
+engine's hash function or its namespacing. A page's key chains the keys of the chunks before it with its own tokens
+since (router/kv_keys.py: it says the page's position and everything before it); the router computes the same keys
+over a request's token ids and walks them while some worker holds the next chunk. The engine's hash is kept only to
+resolve removals and to find a stored page's parent. A page is in a worker's memory while a tier of it (GPU,
+CPU_PINNED: HiCache's) holds it: HiCache loads a page held lower back for the next request.
 
 A worker's KV store on disk (pdcluster/kvstore/) has an index of its own, shared by every worker registered with the
 same store (`KVStoreMembership.store`: namespace and directory id, so one volume's replicas share it, two disks do
@@ -25,53 +25,39 @@ first (no removal comes), and at most MAX_IDLE_STORES stores no subscribed worke
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from router.kv_keys import ROOT, Held, LazyIds, Walk, chunk_tokens, key, walk
 from router.kv_wire import Cleared, Event, Removed, Stored
 
-ROOT = 0  # the key a first page chains from
 MAX_PAGES_PER_WORKER = 262_144
 MAX_IDLE_STORES = 4  # stores whose workers are gone (restarting, perhaps), kept
 MEMORY = frozenset({"GPU", "CPU_PINNED"})
 ON_STORE = frozenset({"CPU_PINNED", "DISK", "EXTERNAL"})  # with a store: on it (written through, or read from it)
+Link = tuple[int, int, tuple[int, ...]]  # a page's key, its chunk's base key, its tokens since (router/kv_keys.py)
+TOP: Link = (ROOT, ROOT, ())  # what a first page chains from
 
 
-def page_key(parent_key: int, tokens: Sequence[int]) -> int:
-    # CPython hashes tuples of ints the same in every process (no PYTHONHASHSEED), and in C: ~0.1 us a small page.
-    return hash((parent_key, tuple(tokens)))
-
-
-def _keys(token_ids: Sequence[int], size: int, end: int) -> Iterator[int]:
-    """The keys of the whole pages in the first `end` tokens, in order (page_key's; a page of 1 without its slices:
-    4x faster, and at page size 1 an 8k-token prompt has 8k keys)."""
-    key = ROOT
-    if size == 1:
-        for token in token_ids[:end]:
-            key = hash((key, (token,)))
-            yield key
-    else:
-        for start in range(0, end - size + 1, size):
-            key = page_key(key, token_ids[start:start + size])
-            yield key
+def _link(parent: Link, tokens: Sequence[int], chunk: int) -> Link:
+    tail = parent[2] + tuple(tokens)
+    page = key(parent[1], tail)
+    return (page, page, ()) if len(tail) == chunk else (page, parent[1], tail)
 
 
 @dataclass(slots=True)
-class Page:
+class Page:  # lean: at page size 1 a worker may hold 262k (a Link's fields, not the tuple; its tiers, shared)
     key: int
-    media: set[str]
+    base: int
+    tail: tuple[int, ...]
+    media: frozenset[str]
 
 
-@dataclass(slots=True)
-class Held:
-    """A worker's part of a prompt: its leading tokens in memory, then the tokens after them on its store."""
+_MEDIA: dict[frozenset[str], frozenset[str]] = {}  # each set of tiers, once (a set a page: ~200 bytes)
 
-    memory: int = 0
-    stored: int = 0
 
-    @property
-    def tokens(self) -> int:
-        return self.memory + self.stored
+def _media(media: frozenset[str]) -> frozenset[str]:
+    return _MEDIA.setdefault(media, media)
 
 
 @dataclass
@@ -81,11 +67,11 @@ class StoreIndex:
     name: str
     max_pages: int = MAX_PAGES_PER_WORKER
     block_size: int | None = None
-    pages: OrderedDict[int, int] = field(default_factory=OrderedDict)  # engine hash -> content key, least recent first
+    pages: OrderedDict[int, Link] = field(default_factory=OrderedDict)  # engine hash -> its link, least recent first
     keys: dict[int, int] = field(default_factory=dict)  # content key -> pages holding it
     members: set[str] = field(default_factory=set)  # the subscribed workers registered with it
 
-    def add(self, block: int, key: int, size: int) -> None:
+    def add(self, block: int, link: Link, size: int) -> None:
         if self.block_size is None:
             self.block_size = size
         elif size != self.block_size:
@@ -94,14 +80,14 @@ class StoreIndex:
             self.pages.move_to_end(block)  # written or read again: the disk's LRU keeps it too
             return
         if len(self.pages) >= self.max_pages:
-            self._unkey(self.pages.popitem(last=False)[1])
-        self.pages[block] = key
-        self.keys[key] = self.keys.get(key, 0) + 1
+            self._unkey(self.pages.popitem(last=False)[1][0])
+        self.pages[block] = link
+        self.keys[link[0]] = self.keys.get(link[0], 0) + 1
 
     def remove(self, block: int) -> None:
-        key = self.pages.pop(block, None)
-        if key is not None:
-            self._unkey(key)
+        link = self.pages.pop(block, None)
+        if link is not None:
+            self._unkey(link[0])
 
     def _unkey(self, key: int) -> None:
         left = self.keys[key] - 1
@@ -135,14 +121,14 @@ class WorkerIndex:
         elif isinstance(event, Cleared):
             self.clear()  # its memory: SGLang's flush leaves the storage
 
-    def _parent_key(self, parent: int) -> int | None:
+    def _parent(self, parent: int) -> Link | None:
         if (page := self.pages.get(parent)) is not None:
-            return page.key
+            return page.key, page.base, page.tail
         return self.store.pages.get(parent) if self.store is not None else None
 
     def _store(self, event: Stored) -> None:
-        parent_key = ROOT if event.parent is None else self._parent_key(event.parent)
-        if parent_key is None:
+        link = TOP if event.parent is None else self._parent(event.parent)
+        if link is None:
             self.orphans += len(event.hashes)
             return
         size = event.block_size
@@ -150,6 +136,7 @@ class WorkerIndex:
             self.block_size = size
         elif size != self.block_size:  # a partial page; else not SGLang (a restart with another size is a new index)
             return
+        chunk = chunk_tokens(size)
         store = self.store if event.medium in ON_STORE else None
         in_memory = event.medium in MEMORY or self.store is None  # DISK/EXTERNAL without a store: as held
         for i, block in enumerate(event.hashes):
@@ -157,24 +144,24 @@ class WorkerIndex:
             if len(tokens) < size:
                 return  # a partial last page: matching walks whole pages only
             known = self.pages.get(block)
-            parent_key = known.key if known is not None else page_key(parent_key, tokens)
+            link = (known.key, known.base, known.tail) if known is not None else _link(link, tokens, chunk)
             if store is not None:
-                store.add(block, parent_key, size)
+                store.add(block, link, size)
             if not in_memory:
                 continue
             if known is not None:
-                known.media.add(event.medium)  # the same page in another tier (HiCache's backup, a load-back)
+                known.media = _media(known.media | {event.medium})  # another tier too (HiCache: a backup, a load-back)
             elif len(self.pages) >= self.max_pages:
                 self.overflow += 1
             else:
-                self.pages[block] = Page(parent_key, {event.medium})
-                self.keys[parent_key] = self.keys.get(parent_key, 0) + 1
+                self.pages[block] = Page(*link, _media(frozenset((event.medium,))))
+                self.keys[link[0]] = self.keys.get(link[0], 0) + 1
 
     def _remove(self, block: int, medium: str) -> None:
         page = self.pages.get(block)
         if page is None:
             return
-        page.media.discard(medium)
+        page.media = _media(page.media - {medium})
         if page.media:
             return
         del self.pages[block]
@@ -258,14 +245,14 @@ class KvIndex:
         return {worker_id: held.memory for worker_id, held in
                 self.held([(worker_id, None) for worker_id in worker_ids], token_ids, limit).items()}
 
-    def held(self, workers: Iterable[tuple[str, str | None]], token_ids: Sequence[int],
+    def held(self, workers: Iterable[tuple[str, str | None]], token_ids: Sequence[int] | LazyIds,
              limit: int | None = None) -> dict[str, Held]:
         """Per (worker, its store's name or None), what it holds of the leading tokens of `token_ids` (of its first
         `limit`; whole pages), as SGLang would find them: the prefix in its memory, then the pages after it that are
-        on its store. Stops hashing at the first page no worker holds: a miss costs one hash."""
-        end = len(token_ids) if limit is None else min(limit, len(token_ids))
+        on its store. Stops at the first chunk no worker holds (reading a LazyIds no further than its end)."""
+        ids = token_ids if isinstance(token_ids, LazyIds) else LazyIds(token_ids[:limit])
         found: dict[str, Held] = {}
-        by_size: dict[int, list[tuple[dict[int, int], dict[int, int], Held]]] = {}
+        by_size: dict[int, list[Walk]] = {}
         for worker_id, name in workers:
             index = self.workers.get(worker_id)
             store = self.stores.get(name) if name is not None else None
@@ -275,20 +262,5 @@ class KvIndex:
                 stored = store.keys if store is not None and store.block_size == size else {}
                 by_size.setdefault(size, []).append((memory, stored, found.setdefault(worker_id, Held())))
         for size, walks in by_size.items():
-            depth = 0
-            for key in _keys(token_ids, size, end):
-                depth += 1
-                going = []
-                for walk in walks:
-                    memory, stored, held = walk
-                    if not held.stored and key in memory:  # SGLang matches its memory first, then asks its store
-                        held.memory = depth * size
-                    elif key in stored:
-                        held.stored = depth * size - held.memory
-                    else:
-                        continue
-                    going.append(walk)
-                walks = going
-                if not walks:
-                    break
+            walk(ids, size, walks)
         return found

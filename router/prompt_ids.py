@@ -8,7 +8,8 @@ when a bound cannot decide, a round trip per request). Here the cheapest correct
   this router can read it (`make up`, the tests, the CPU image's built-in models).
   SGLang encodes a text with its special tokens (`tokenizer.encode(text)`), and so does this. Only the first
   MAX_CHARS characters are encoded, less the last tokens, which a longer text may merge differently: prefix matching
-  needs no more, and the cost stays bounded;
+  needs no more, and the cost stays bounded; and of those, by pieces (router/token_pieces.py), only as far as a
+  walk of the KV index reads (`lazy`);
 - a chat: its messages rendered by the model's chat template as SGLang renders them (router/chat_template.py), then
   encoded as a text is, but with no special tokens added (the template writes its own), and the text of a final
   assistant message it continues after them. A chat the renderer does not follow: None, routed by its text.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +32,7 @@ import orjson
 
 from router import chat_template
 from router.chat_template import ChatTemplate
+from router.kv_keys import LazyIds
 from router.token_pieces import PieceTokenizer
 from router.upstream_response import UpstreamError
 
@@ -122,23 +125,23 @@ class PromptTokens:
             self._failed.add(url)
             log.warning("cache_aware: %s/tokenize failed (%s); such requests are routed by their text", url, why)
 
-    def whole(self, request: _Request) -> bool:
-        """Whether `of`'s ids are all the prompt's, not those of its first MAX_CHARS characters (a chat's judged by
-        its messages as JSON: its rendering adds a little less, as a rule)."""
-        if request.checked.token_ids is not None:
-            return True
-        if request.route == CHAT:
-            return len(orjson.dumps(request.body.get("messages"))) <= MAX_CHARS
-        prompt = request.checked.first_prompt
-        return isinstance(prompt, str) and len(prompt) <= MAX_CHARS
-
     def of(self, request: _Request, model_path: str | None) -> list[int] | None:
-        if request.prompt_ids is not None:  # a worker's tokenizer made them (`ask`)
-            return request.prompt_ids
+        """The prompt's leading ids (all of them, as far as this reads: `lazy`'s, read to the end)."""
+        ids = self.lazy(request, model_path)
+        return ids.read_all() if ids is not None else None
+
+    def lazy(self, request: _Request, model_path: str | None) -> LazyIds | None:
+        """The prompt's leading ids, encoded only as far as a walk reads them, with its last token spared (the
+        policy matches all but the last: SGLang computes at least one)."""
         checked = request.checked
+        if request.prompt_ids is not None:  # a worker's tokenizer made them (`ask`)
+            given = LazyIds(request.prompt_ids, spare=1)
+            if request.route != CHAT and isinstance(checked.first_prompt, str):  # `ask` sent MAX_CHARS of it
+                given.chars, given.chars_read = len(checked.first_prompt), min(MAX_CHARS, len(checked.first_prompt))
+            return given
         if checked.token_ids is not None:
             ids = checked.prompts[0] if checked.prompts else None
-            return ids if isinstance(ids, list) else None
+            return LazyIds(ids, spare=1) if isinstance(ids, list) else None
         tokenizer = self.tokenizers.get(model_path) if model_path is not None else None
         if tokenizer is None:
             return None
@@ -146,27 +149,33 @@ class PromptTokens:
             template = self.templates.get(model_path or "")
             return _chat(tokenizer, template, request.body) if template is not None else None
         prompt = checked.first_prompt
-        return _encode(tokenizer, prompt, special=True) if isinstance(prompt, str) else None
+        if not isinstance(prompt, str):
+            return None
+        return LazyIds([], tokenizer.pieces_ids(prompt[:MAX_CHARS], True), 1, _cut(prompt), len(prompt))
 
 
-def _chat(tokenizer: PieceTokenizer, template: ChatTemplate, body: dict[str, Any]) -> list[int] | None:
+def _cut(text: str) -> int:
+    """The ids dropped from the end of a text's first MAX_CHARS characters (the module's docstring)."""
+    return BOUNDARY_TOKENS if len(text) > MAX_CHARS else 0
+
+
+def _chat(tokenizer: PieceTokenizer, template: ChatTemplate, body: dict[str, Any]) -> LazyIds | None:
     rendered = template.render(body)
     if rendered is None:
         return None
-    ids = _encode(tokenizer, rendered.text, special=False)
-    if rendered.continued and len(rendered.text) + len(rendered.continued) <= MAX_CHARS:  # else: ids of a prefix
-        more = tokenizer.encode(rendered.continued, special=True)  # SGLang: with special tokens, less a leading BOS
+    text, continued = rendered.text, rendered.continued or ""
+    return LazyIds([], _chat_ids(tokenizer, template, text, continued), 1, _cut(text), len(text) + len(continued))
+
+
+def _chat_ids(tokenizer: PieceTokenizer, template: ChatTemplate, text: str,
+              continued: str) -> Iterator[tuple[list[int], int]]:
+    yield from tokenizer.pieces_ids(text[:MAX_CHARS], False)
+    if continued and len(text) + len(continued) <= MAX_CHARS:  # else: ids of a prefix
+        more = tokenizer.encode(continued, special=True)  # SGLang: with special tokens, less a leading BOS
         bos = template.special.get("bos_token")
         if more and bos is not None and more[0] == tokenizer.tokenizer.token_to_id(bos):
             more = more[1:]
-        ids += more
-    return ids
-
-
-def _encode(tokenizer: PieceTokenizer, text: str, special: bool) -> list[int]:
-    """The ids of at most MAX_CHARS of `text`, less the last few of a cut one (the module's docstring)."""
-    ids = tokenizer.encode(text[:MAX_CHARS], special)
-    return ids if len(text) <= MAX_CHARS else ids[:-BOUNDARY_TOKENS]
+        yield more, len(continued)
 
 
 def _load(model_path: str) -> tuple[PieceTokenizer | None, ChatTemplate | None]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger("pdcluster.router")
@@ -30,15 +31,18 @@ SAMPLE = _SAMPLE_LINE * 24
 
 def pieces(text: str) -> list[str]:
     """`text` cut into pieces of PIECE_CHARS or more (the last may be shorter), at spaces between two letters."""
-    found, start = [], 0
+    return list(_pieces(text))
+
+
+def _pieces(text: str) -> Iterator[str]:
+    start = 0
     while len(text) - start > PIECE_CHARS:
         cut = _CUT.search(text, start + PIECE_CHARS)
         if cut is None:
             break
-        found.append(text[start:cut.start()])
+        yield text[start:cut.start()]
         start = cut.start()
-    found.append(text[start:])
-    return found
+    yield text[start:]
 
 
 class PieceTokenizer:
@@ -47,7 +51,8 @@ class PieceTokenizer:
     def __init__(self, tokenizer: Any, name: str = ""):
         self.tokenizer = tokenizer
         self.kept: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
-        self.by_pieces = all(self._by_pieces(SAMPLE, special) == self._whole(SAMPLE, special)
+        self.by_pieces = True  # to encode the check's sample by pieces
+        self.by_pieces = all(self.encode(SAMPLE, special) == self._whole(SAMPLE, special)
                              for special in (True, False))
         self.kept.clear()
         if not self.by_pieces:
@@ -56,13 +61,15 @@ class PieceTokenizer:
 
     def encode(self, text: str, special: bool) -> list[int]:
         """`text`'s ids (`special`: with the tokens the tokenizer adds, as `add_special_tokens`)."""
-        if len(text) < 2 * PIECE_CHARS or not self.by_pieces:
-            return self._whole(text, special)
-        return self._by_pieces(text, special)
+        return [i for ids, _ in self.pieces_ids(text, special) for i in ids]
 
-    def _by_pieces(self, text: str, special: bool) -> list[int]:
-        ids: list[int] = []
-        for i, piece in enumerate(pieces(text)):
+    def pieces_ids(self, text: str, special: bool) -> Iterator[tuple[list[int], int]]:
+        """`text`'s ids piece by piece, each with the piece's characters, encoded only as the caller reads on (a
+        short text, or all of it with a tokenizer that cannot cut, in one)."""
+        if len(text) < 2 * PIECE_CHARS or not self.by_pieces:
+            yield self._whole(text, special), len(text)
+            return
+        for i, piece in enumerate(_pieces(text)):
             key = (piece, special and i == 0)
             found = self.kept.get(key)
             if found is None:
@@ -71,8 +78,7 @@ class PieceTokenizer:
                     self.kept.popitem(last=False)
             else:
                 self.kept.move_to_end(key)
-            ids += found
-        return ids
+            yield found, len(piece)
 
     def _whole(self, text: str, special: bool) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=special).ids

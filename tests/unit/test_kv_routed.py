@@ -48,3 +48,42 @@ def test_the_oldest_go_first_past_the_bound_and_a_removed_worker_holds_nothing()
     assert routed.held(["p1"], 16, chunk_keys([3, *PROMPT], 16, 99)) == {"p1": 96}
     routed.drop("p1")
     assert routed.held(["p1"], 16, chunk_keys([3, *PROMPT], 16, 99)) == {} and not routed.prompts and not routed.keys
+
+
+def test_a_prompt_credited_in_part_is_extended_unless_forgotten_meanwhile():
+    """cache_aware credits what its decision read at once and the rest in the event loop's next turn."""
+    clock, keys = Clock(), chunk_keys(PROMPT, 16, 99)
+    routed = RoutedPrompts(clock=clock)
+    entry = routed.add("p0", 16, keys[:2])
+    assert entry is not None and routed.held(["p0"], 16, keys) == {"p0": 32}
+    routed.extend(entry, keys)
+    assert routed.held(["p0"], 16, keys) == {"p0": 96}
+    clock.now = kv_routed.TTL + 1
+    assert routed.held(["p0"], 16, keys) == {} and routed.keys == {}  # all its keys expire with it
+    gone = routed.add("p1", 16, keys[:1])
+    routed.drop("p1")
+    assert gone is not None
+    routed.extend(gone, keys)  # the worker left before the rest came: nothing is claimed for it
+    assert routed.held(["p1"], 16, keys) == {} and not routed.keys
+
+
+def test_a_walk_beyond_what_a_worker_holds_starts_there():
+    routed, keys = RoutedPrompts(), chunk_keys(PROMPT, 16, 99)
+    routed.add("p0", 16, keys[:4])
+    assert routed.held(["p0"], 16, keys, {"p0": 40}) == {"p0": 64}  # more than its 40: counted
+    assert routed.held(["p0"], 16, keys, {"p0": 64}) == {}  # no more than it holds: nothing to add
+    assert routed.held(["p0"], 16, [0, 0, *keys[2:]], {"p0": 32}) == {"p0": 64}  # starts at its third chunk
+
+
+def test_untidy_adds_and_walks_leave_forgetting_to_tidy():
+    """cache_aware forgets old prompts after its decision, not in it: each costs a pass over its keys."""
+    clock = Clock()
+    routed, keys = RoutedPrompts(clock=clock), chunk_keys(PROMPT, 16, 99)
+    for i in range(kv_routed.MAX_PROMPTS + 2):
+        routed.add("p0", 16, chunk_keys([i, *PROMPT], 16, 99), tidy=False)
+    routed.add("p1", 16, keys, tidy=False)
+    assert len(routed.prompts) == kv_routed.MAX_PROMPTS + 3
+    clock.now = kv_routed.TTL + 1
+    assert routed.held(["p1"], 16, keys, expire=False) == {"p1": 96}  # expired, not yet forgotten
+    routed.tidy()
+    assert not routed.prompts and not routed.keys
