@@ -69,6 +69,15 @@ HOSTILE = [
     # SGLang answers 500 for a grammar that admits no token: the request's fault (400), not the worker's.
     pytest.param("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4, "ebnf": "root ::= root"}}, 400,
                  "grammar admits no token", id="empty-grammar"),
+    # Sampled (min_p), the same grammar made every probability NaN: torch.multinomial raised and killed the prefill.
+    pytest.param("/generate", {"input_ids": [5, 6, 7], "sampling_params": {
+        "max_new_tokens": 4, "ebnf": "root ::= root", "min_p": 0.1}}, 400, "grammar admits no token",
+        id="empty-grammar-sampled"),
+    # A dead end after one token, on the decode. Every logit masked, the token is drawn evenly, so it could be EOS,
+    # which ends the answer before the grammar is asked: ignore_eos makes the grammar refuse it every time.
+    pytest.param("/v1/completions", {"model": "tiny-llama", "prompt": "a", "max_tokens": 4, "top_k": 5,
+                                      "ignore_eos": True, "ebnf": 'root ::= "a" x\nx ::= x'}, 400,
+                 "grammar admits no token", id="grammar-dead-after-a-token-sampled"),
 ]
 
 
