@@ -34,7 +34,7 @@ def measure(dims: dict, tokens: int, chunk: int, stored: int, runs: int = 3) -> 
 
     from pdcluster.cpu_attention import internals, ops
 
-    sglang_own, backend = internals.check()["method"], object.__new__(TorchNativeAttnBackend)
+    sglang_own, backend = internals.check()["extend"], object.__new__(TorchNativeAttnBackend)
     heads, kv_heads, head_dim, layers = dims["heads"], dims["kv_heads"], dims["head_dim"], dims["layers"]
     scale = head_dim ** -0.5
     impls = {

@@ -1,4 +1,5 @@
-"""Causal extend attention that computes only the new tokens' queries, for SGLang's torch_native backend on CPU.
+"""Causal extend attention that computes only the new tokens' queries, and decode attention for a whole batch in one
+call (`decode`, below), for SGLang's torch_native backend on CPU.
 
 SGLang 0.5.23 (`TorchNativeAttnBackend._run_sdpa_forward_extend`) gives every request of an extend batch a query as
 long as its whole sequence, the cached prefix's rows left empty, and runs causal SDPA over all of it: a prompt whose
@@ -75,4 +76,43 @@ def extend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_c
                 key, value = key.to(query.dtype), value.to(query.dtype)
             output[start:end] = attend(queries[:, start:end], key, value, prefix, scaling).movedim(0, 1)
         start = end
+    return output
+
+
+def covers_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor) -> bool:
+    """Whether `decode` serves this batch: one query per sequence, every sequence at least one key long, query heads
+    a multiple of key heads, and values of the queries' head size."""
+    if query.dim() != 3 or query.shape[0] != seq_lens.shape[0] or not len(seq_lens):
+        return False
+    if query.shape[1] % k_cache.shape[1] or query.shape[-1] != v_cache.shape[-1]:
+        return False
+    return bool(seq_lens.min() > 0)
+
+
+def decode(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+           scaling: float | None) -> torch.Tensor:
+    """What `_run_sdpa_forward_decode` computes for self-attention, for the whole batch at once.
+
+    query, output: [sequences, heads, dim], one token each; k_cache, v_cache: [slots, kv_heads, dim]. SGLang gathers
+    each sequence's keys and values by advanced indexing and calls SDPA, sequence after sequence; here one index_select
+    (about twice as fast as indexing on CPU) gathers every sequence's slots padded to the longest, and one SDPA call
+    attends with the padding masked. GQA without copies: the query heads that share a key head are that head's rows.
+    """
+    batch, heads, dim = query.shape
+    kv_heads, longest = k_cache.shape[1], int(seq_lens.max())
+    slots = req_to_token[req_pool_indices, :longest]
+    mask = None
+    if bool((seq_lens != longest).any()):  # past a shorter sequence's end: slot 0 (any valid one), masked out
+        mask = torch.arange(longest, device=slots.device) < seq_lens[:, None]
+        slots = slots.masked_fill(~mask, 0)
+        mask = mask[:, None, None, :]
+    slots = slots.reshape(-1)
+    key = k_cache.index_select(0, slots).view(batch, longest, kv_heads, dim).movedim(1, 2)
+    value = v_cache.index_select(0, slots).view(batch, longest, kv_heads, dim).movedim(1, 2)
+    if not (query.dtype == key.dtype == value.dtype):  # as SGLang does, e.g. for an fp8 KV cache
+        key, value = key.to(query.dtype), value.to(query.dtype)
+    rows = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    out = scaled_dot_product_attention(rows, key, value, attn_mask=mask, scale=scaling)
+    output.copy_(out.reshape(batch, heads, dim))
     return output

@@ -75,7 +75,7 @@ def _cpu_env(cluster: ClusterSettings, role_cpu_env: dict[str, str], env: dict[s
     added["PYTHONPATH"] = f"{CPU_SHIM_DIR}{os.pathsep}{base}" if base else str(CPU_SHIM_DIR)
     if cluster.kv_store is not None:
         added["PDCLUSTER_CPU_HICACHE"] = "1"  # pdcluster/cpu_hicache (an SGLang plugin) adapts HiCache to CPU
-    # pdcluster/cpu_attention (an SGLang plugin): extend attention of the new tokens only
+    # pdcluster/cpu_attention (an SGLang plugin): extend attention of the new tokens only, batched decode
     added[CPU_ATTENTION_ENV] = "1" if cluster.cpu_attention else "0"
     # pdcluster/cpu_transfer_race (an SGLang plugin): the prefill's transfer loop survives SGLang's clean-up race
     added["PDCLUSTER_CPU_TRANSFER_RACE"] = "1"

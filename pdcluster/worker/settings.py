@@ -86,7 +86,8 @@ class ClusterSettings(BaseModel):
     # KV cache that survives restarts (prefill; decode with decode_offload); null: off. See KVStoreSettings.
     kv_store: KVStoreSettings | None = None
     # CPU profile only: extend attention that computes only the new tokens' queries (pdcluster/cpu_attention), so a
-    # cache hit or a prefill chunk does not pay the cached tokens' attention again. false: SGLang's own.
+    # cache hit or a prefill chunk does not pay the cached tokens' attention again, and decode attention batched in
+    # one call per layer. false: SGLang's own.
     cpu_attention: bool = True
     # The cores SGLang's whole process tree (scheduler, tokenizer, detokenizer, Mooncake's threads) may run on, as
     # taskset writes them: "0", "2-3", "0,2". Its torch/OpenMP threads are sized to them (OMP_NUM_THREADS), since
