@@ -71,16 +71,21 @@ async def one(client: httpx.AsyncClient, url: str, text: str) -> dict:
 
 async def drive(url: str, texts: list[str], concurrency: int, after: list[int | None] | None = None) -> list[dict]:
     """A closed loop: `concurrency` clients, each sending the workload's next request once its last one ended; a
-    chat's turn (`after`: the request it follows) once the turn before it was answered, as a user sends it."""
+    chat's turn (`after`: the request it follows) once the turn before it was answered, as a user sends it. Each
+    answer keeps when it was sent (`sent_s`, from the loop's start): with its TTFT and seconds, the run's timeline
+    (bench/routing_phases.py)."""
     answers: list[dict] = [{} for _ in texts]
     answered = [asyncio.Event() for _ in texts]
     pending = iter(enumerate(texts))
     async with httpx.AsyncClient(timeout=900) as client:
+        began = time.perf_counter()
+
         async def client_loop() -> None:
             for i, text in pending:
                 if after is not None and (before := after[i]) is not None:
                     await answered[before].wait()  # taken earlier, by a client that waits on nothing later
-                answers[i] = await one(client, url, text)
+                sent = time.perf_counter() - began
+                answers[i] = {**await one(client, url, text), "sent_s": sent}
                 answered[i].set()
         await asyncio.gather(*(client_loop() for _ in range(concurrency)))
     return answers
