@@ -24,6 +24,11 @@ CPU_SHIM_DIR = Path(__file__).resolve().parent.parent / "cpu_shim"
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 CPU_ATTENTION_ENV = "PDCLUSTER_CPU_ATTENTION"  # cluster.cpu_attention, read by pdcluster/cpu_attention in SGLang
 THREADS_ENV = "OMP_NUM_THREADS"  # cluster.cpus: torch's intra-op threads, one per core the worker is given
+# A CPU worker not given cores of its own shares them with the host's other workers (`make up`, compose's CPU profile:
+# a prefill and a decode on the same cores). torch's OpenMP threads then spin at every barrier on cores the other
+# worker computes on, and each slows the other: measured with SmolLM2 on 2 cores (`make bench-n`), n = 4 choices took
+# 6.7 s against 4.6 s with passive waiting, which costs a lone request ~10% (n = 1: 3.0 -> 3.3 s). An export wins.
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 SETTING_DECIDES = ("PYTHONPATH", CPU_ATTENTION_ENV, THREADS_ENV)
 # SGLang's /health waits for any output of the scheduler and, after 20 s without one, answers 503 and marks the
 # server unhealthy (which also makes a later SIGTERM skip the drain). One long forward pass (a long prompt on a CPU)
@@ -60,6 +65,8 @@ def sglang_env(cluster: ClusterSettings, ns: argparse.Namespace, advertise: str,
         env_added.update(_kv_store_env(stored, ns.tp_size * ns.pp_size))
     if cores:
         env_added[THREADS_ENV] = str(len(cores))
+    elif role_cpu_env is not None:
+        env_added[WAIT_POLICY_ENV] = "PASSIVE"
     final_env = dict(env or os.environ)
     for key, value in env_added.items():
         if key in SETTING_DECIDES or key not in final_env:  # the setting decides, not a stray export

@@ -112,8 +112,15 @@ def test_cpus_pin_sglangs_whole_tree_and_size_its_threads(tmp_path, model_dir, r
     p = build_plan(RULES[role], config, [], env={"OMP_NUM_THREADS": "4"})
     assert p.command[:3] == ["taskset", "--cpu-list", str(core)] and "sglang.launch_server" in p.command
     assert p.env["OMP_NUM_THREADS"] == "1" and "OMP_NUM_THREADS=1" in p.describe()
+    assert "OMP_WAIT_POLICY" not in p.env_added  # its own cores: spinning takes nothing from another worker
     unpinned = plan(tmp_path, model_dir, role=role)
     assert "taskset" not in unpinned.command and "OMP_NUM_THREADS" not in unpinned.env_added
+    # Sharing the host's cores, its threads wait passively, unless the caller exported a policy.
+    assert unpinned.env_added["OMP_WAIT_POLICY"] == "PASSIVE"
+    exported = build_plan(RULES[role], write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n"
+                                                              "  device: cpu\n"), [], env={"OMP_WAIT_POLICY": "ACTIVE"})
+    assert exported.env["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert "OMP_WAIT_POLICY" not in plan(tmp_path, model_dir, role=role, device="cuda").env_added
     spans = build_plan(RULES[role], config, [], env={}, cluster_overrides={"cpus": f"{core},{core}-{core}"})
     assert spans.command[:3] == ["taskset", "--cpu-list", str(core)] and spans.env["OMP_NUM_THREADS"] == "1"
 
