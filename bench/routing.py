@@ -169,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--question-tokens", type=int, help=f"a question or turn (default {Shape.question_tokens})")
     parser.add_argument("--open-chats", type=int, help="a tenant's chats at once, with --turns (default 1)")
     parser.add_argument("--requests", type=int, help=f"per repeat and policy (default {Shape.requests})")
+    parser.add_argument("--tenants", type=int, help=f"system prompts (default {Shape.tenants})")
     parser.add_argument("--dry-run", action="store_true", help="the workload and its oracle only; nothing started")
     args = parser.parse_args(argv)
-    sized = {k: v for k in ("prefix_tokens", "question_tokens", "requests", "open_chats")
+    sized = {k: v for k in ("prefix_tokens", "question_tokens", "requests", "open_chats", "tenants")
              if (v := getattr(args, k)) is not None}
     args.shape = replace(QUICK if args.quick else Shape(), turns=args.turns, **sized)
     args.repeats = args.repeats or (1 if args.quick else 3)
@@ -205,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     name = ("routing" + ("" if args.model == "smollm2" else f"-{args.model}") + ("-quick" if args.quick else "")
             + (f"-chats{args.turns}" if args.turns > 1 else "")
             + (f"-p{args.shape.prefix_tokens}q{args.shape.question_tokens}"
-               if {"prefix_tokens", "question_tokens"} & set(sized) else ""))
+               if {"prefix_tokens", "question_tokens"} & set(sized) else "")
+            + (f"-t{args.shape.tenants}" if "tenants" in sized else ""))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     routing_report.plot(result, RESULTS / f"{name}.png")
