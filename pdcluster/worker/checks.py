@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pdcluster.config_file import ConfigError
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import WorkerCapabilities
+from pdcluster.protocol import CpuCores, WorkerCapabilities
 from pdcluster.worker.settings import ClusterSettings
 
 # Hugging Face hub ids look like "org/name"; anything else is taken as a local path.
@@ -112,6 +112,19 @@ def check_cpus(cluster: ClusterSettings) -> list[int]:
     if shutil.which("taskset") is None:
         raise ConfigError("cluster.cpus needs taskset (util-linux) on the PATH")
     return cores
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # one per running kernel: containers on a host share it
+
+
+def cpu_cores(cores: list[int]) -> CpuCores | None:
+    """Where a CPU worker computes (pdcluster/protocol.py): cluster.cpus, else every core this process may use.
+    None where the kernel has no boot id to tell hosts apart."""
+    try:
+        host = BOOT_ID.read_text().strip()
+    except OSError:
+        return None
+    return CpuCores(host=host, cores=frozenset(cores or os.sched_getaffinity(0)))
 
 
 def capabilities(ns: argparse.Namespace, cpu: bool) -> WorkerCapabilities:

@@ -14,7 +14,7 @@ import pytest
 import decode.plan
 import prefill.plan
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import Role
+from pdcluster.protocol import Role, WorkerRegistration
 from pdcluster.worker.environment import CPU_SHIM_DIR
 from pdcluster.worker.options import ConfigError
 from pdcluster.worker.plan import build_plan
@@ -123,6 +123,19 @@ def test_cpus_pin_sglangs_whole_tree_and_size_its_threads(tmp_path, model_dir, r
     assert "OMP_WAIT_POLICY" not in plan(tmp_path, model_dir, role=role, device="cuda").env_added
     spans = build_plan(RULES[role], config, [], env={}, cluster_overrides={"cpus": f"{core},{core}-{core}"})
     assert spans.command[:3] == ["taskset", "--cpu-list", str(core)] and spans.env["OMP_NUM_THREADS"] == "1"
+
+
+def test_a_cpu_worker_registers_its_host_and_cores_a_gpu_one_none(tmp_path, model_dir):
+    """What the router's cache_aware policy counts as one queue (router/cache_aware.py)."""
+    core = min(os.sched_getaffinity(0))
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    unpinned = plan(tmp_path, model_dir).registration.cpu_cores
+    assert unpinned is not None and (unpinned.host, unpinned.cores) == (boot_id, frozenset(os.sched_getaffinity(0)))
+    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n  cpus: '{core}'\n")
+    pinned = build_plan(RULES[Role.PREFILL], config, [], env={}).registration
+    assert pinned.cpu_cores is not None and pinned.cpu_cores.cores == frozenset({core})
+    assert WorkerRegistration.model_validate_json(pinned.model_dump_json()).cpu_cores == pinned.cpu_cores
+    assert plan(tmp_path, model_dir, device="cuda").registration.cpu_cores is None
 
 
 @pytest.mark.parametrize(("cpus", "message"), [
