@@ -8,19 +8,19 @@ request's own tokens less the ones it holds; and, computing what another candida
 (DUPLICATE_COST): the copy is work the cluster does for nothing and memory it spends twice, which a request's own
 time to finish does not see (measured without it: a tenant's second request, sent while its first was queued, went to
 the idle prefill, and every tenant ended up on both, 0.91 of the oracle's cached tokens, no more than round robin).
-The cheapest wins; ties go to the one holding more, then to the longer queue (the docstring's next paragraph), then
-at random. So a long cached prefix draws its traffic to its holder until that holder's queue costs more than twice
-the hit, and a small hit never outweighs a queue. What it holds is what SGLang reuses: whole pages, of all but the
-prompt's last token (SGLang computes at least one); and what this router sent it in the last seconds, which its
-events tell only once computed (router/kv_routed.py: a burst sharing a new prefix goes to one prefill).
+The cheapest wins; ties go to the one holding more, then at random. So a long cached prefix draws its traffic to its
+holder until that holder's queue costs more than twice the hit, and a small hit never outweighs a queue. What it
+holds is what SGLang reuses: whole pages, of all but the prompt's last token (SGLang computes at least one); and what
+this router sent it in the last seconds, which its events tell only once computed (router/kv_routed.py: a burst
+sharing a new prefix goes to one prefill).
 
 Prefills on the CPU of one host, their cores overlapping (each registers them: pdcluster/protocol.py's CpuCores),
 compute at the speed of one: a prompt on either waits for, or shares the cores with, both queues. Their queues count
 as one, so the holder of a prefix keeps its traffic however long its own queue: moving a prompt away would compute
-its prefix twice on the same cores. And a prompt none holds joins the longer queue: the cores then serve one
-queue first come, first served, instead of sharing themselves between two, which has every prompt finish late
-(measured, 8 tenants' chats on 2 cores: TTFT p50 followed how long both prefills computed at once, at equal tokens
-computed). A GPU prefill registers none: its queue is its own (and candidates tied on cost have equal queues).
+its prefix twice on the same cores. A prompt none holds goes to either at random (measured, bench/README.md's
+Routing: to the shorter queue, the two computed at once more and TTFT was later at the same tokens computed; to the
+longer, one prefill took every tenant and its memory evicted them). A GPU prefill registers none: its queue is its
+own.
 
 A prefill with a KV store on disk also holds the pages after its memory's prefix that are on its store, wherever they
 came from: a replica sharing the store, or itself before a restart (router/kv_index.py). Reading them is cheaper than
@@ -167,10 +167,10 @@ class CacheAware:
                 return queued[w.worker_id]
             return sum(queued[o.worker_id] for o in candidates if o is w or w.cpu_cores.shared_with(o.cpu_cores))
 
-        def cost(w: Worker) -> tuple[float, float, float, float]:
+        def cost(w: Worker) -> tuple[float, float, float]:
             hit = hits[w.worker_id]
             work = ahead(w) + prompt_tokens - hit
-            return work + DUPLICATE_COST * (best - hit), -hit, -queued[w.worker_id], self._rng.random()
+            return work + DUPLICATE_COST * (best - hit), -hit, self._rng.random()
 
         return min(candidates, key=cost)
 
