@@ -159,8 +159,11 @@ def test_prefills_sharing_cpu_cores_keep_a_prefix_on_its_holder_whatever_its_own
     for w, cores in zip(workers, ({0, 1}, {1, 2}), strict=True):  # overlapping: they slow each other
         w.cpu_cores = CpuCores(host=BOOT, cores=frozenset(cores))
     assert policy.choose_for(workers, request(PROMPT)).worker_id == "p0"
-    # None holds it: either, at random (the queues are one).
+    # None holds it: either, at random (the queues are one); a preamble every prompt shares is no hit to follow.
     assert {policy.choose_for(workers, request([9] * 400)).worker_id for _ in range(40)} == {"p0", "p1"}
+    policy = policy_holding({"p0": 40, "p1": 0})  # 40 tokens: less than a request's allowance
+    assert {policy.choose_for(workers, request([*PROMPT[:40], *[9] * 400])).worker_id for _ in range(40)} == {"p0",
+                                                                                                               "p1"}
 
 
 def test_cpu_prefills_on_other_cores_or_another_host_keep_queues_of_their_own():
