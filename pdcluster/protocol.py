@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import types
 from enum import Enum
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
 
@@ -77,18 +77,6 @@ class KVEventsEndpoint(_Strict):
     topic: str = Field(default="", max_length=64)
 
 
-class CpuCores(_Strict):
-    """Where a worker computing on the CPU runs: its kernel (the boot id, which containers on one host share) and the
-    cores it may use. Workers whose cores overlap share their speed: a prompt either computes slows the other's
-    (router/cache_aware.py)."""
-
-    host: str = Field(pattern=r"^[0-9a-f-]{8,64}$")  # /proc/sys/kernel/random/boot_id
-    cores: frozenset[Annotated[int, Field(ge=0, le=65535)]] = Field(min_length=1, max_length=4096)
-
-    def shared_with(self, other: CpuCores | None) -> bool:
-        return other is not None and other.host == self.host and not self.cores.isdisjoint(other.cores)
-
-
 class WorkerRegistration(_Strict):
     """Sent by a worker's launcher to the bootstrap service once its SGLang server answers."""
 
@@ -115,7 +103,6 @@ class WorkerRegistration(_Strict):
     # None: the worker keeps no KV on disk (or is an older launcher, which says nothing of it).
     kv_store: KVStoreMembership | None = None
     kv_events: KVEventsEndpoint | None = None  # None: it publishes none (a decode, or turned off)
-    cpu_cores: CpuCores | None = None  # None: it computes on a GPU (or is an older launcher)
 
     @model_validator(mode="after")
     def _prefill_has_bootstrap(self) -> WorkerRegistration:

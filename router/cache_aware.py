@@ -14,15 +14,6 @@ holds is what SGLang reuses: whole pages, of all but the prompt's last token (SG
 this router sent it in the last seconds, which its events tell only once computed (router/kv_routed.py: a burst
 sharing a new prefix goes to one prefill).
 
-Prefills on the CPU of one host, their cores overlapping (each registers them: pdcluster/protocol.py's CpuCores),
-compute at the speed of one: a prompt on either waits for, or shares the cores with, both queues. Their queues count
-as one, so the holder of a prefix keeps its traffic however long its own queue: moving a prompt away would compute
-its prefix twice on the same cores. A prompt none holds goes to either at random (measured, 8 tenants' chats:
-to the shorter queue, the two computed at once more and TTFT was later at the same tokens computed; to the longer,
-one prefill took every tenant and its memory evicted them). So that it is a tie, a hit shorter than REQUEST_TOKENS
-counts as none there: else a few tokens of preamble every prompt shares drew them all to one (measured: 48 of 48
-requests). A GPU prefill registers none: its queue is its own.
-
 A prefill with a KV store on disk also holds the pages after its memory's prefix that are on its store, wherever they
 came from: a replica sharing the store, or itself before a restart (router/kv_index.py). Reading them is cheaper than
 computing them and dearer than memory: each costs STORED_TOKEN_COST of a computed token. Measured with the CPU
@@ -158,21 +149,11 @@ class CacheAware:
     def pick(self, candidates: Sequence[Worker], held: dict[str, Held], prompt_tokens: int) -> Worker:
         """The cheapest candidate (the module's docstring), given what each holds of a prompt's tokens."""
         hits = {w.worker_id: _hit(held.get(w.worker_id) or Held()) for w in candidates}
-        if any(w.cpu_cores is not None for w in candidates):  # the docstring: small hits are no reason on shared cores
-            hits = {worker_id: hit if hit >= REQUEST_TOKENS else 0.0 for worker_id, hit in hits.items()}
         best = max(hits.values())
-        queued = {w.worker_id: w.pending_work_tokens + REQUEST_TOKENS * w.in_flight for w in candidates}
-
-        def ahead(w: Worker) -> float:
-            """The work its prompt waits for or shares the cores with: its queue, and those of CPU workers sharing
-            its cores."""
-            if w.cpu_cores is None:
-                return queued[w.worker_id]
-            return sum(queued[o.worker_id] for o in candidates if o is w or w.cpu_cores.shared_with(o.cpu_cores))
 
         def cost(w: Worker) -> tuple[float, float, float]:
             hit = hits[w.worker_id]
-            work = ahead(w) + prompt_tokens - hit
+            work = w.pending_work_tokens + REQUEST_TOKENS * w.in_flight + prompt_tokens - hit
             return work + DUPLICATE_COST * (best - hit), -hit, self._rng.random()
 
         return min(candidates, key=cost)

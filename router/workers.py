@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
 from pdcluster.protocol import (
-    CpuCores,
     KVEventsEndpoint,
     KVStoreMembership,
     ModelIdentity,
@@ -123,7 +122,6 @@ class Worker:
     capabilities: WorkerCapabilities = field(default_factory=WorkerCapabilities)
     kv_events: KVEventsEndpoint | None = None  # where its SGLang publishes its KV events (router/kv_events.py)
     kv_store: KVStoreMembership | None = None  # the KV store on disk it reads and writes (router/kv_index.py)
-    cpu_cores: CpuCores | None = None  # a CPU worker's cores: who it shares its speed with (router/cache_aware.py)
 
     def book(self, prompt_tokens: int, work_tokens: int) -> None:
         """A prefill half's prompt on (positive) or off (negative) this worker's books."""
@@ -158,13 +156,13 @@ class Worker:
         return cls(reg.worker_id, reg.role, reg.base_url, reg.bootstrap_host, reg.bootstrap_port, reg.identity,
                    reg.vocab_size, reg.context_length, reg.prompt_budget, reg.forward_tokens,
                    instance_id=reg.instance_id, capabilities=reg.capabilities, kv_events=reg.kv_events,
-                   kv_store=reg.kv_store, cpu_cores=reg.cpu_cores)
+                   kv_store=reg.kv_store)
 
     def registered_as(self) -> tuple:
         """What its registration says: another value under the same id is another worker, or a restarted one."""
         return (self.role, self.url, self.kv_bootstrap_host, self.kv_bootstrap_port, self.identity, self.vocab_size,
                 self.context_length, self.prompt_budget, self.forward_tokens, self.instance_id, self.capabilities,
-                self.kv_events, self.kv_store, self.cpu_cores)
+                self.kv_events, self.kv_store)
 
     def compatible_with(self, other: Worker) -> bool:
         return self.identity is None or other.identity is None or self.identity == other.identity

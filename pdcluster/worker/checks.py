@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pdcluster.config_file import ConfigError
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import CpuCores, WorkerCapabilities
+from pdcluster.protocol import WorkerCapabilities
 from pdcluster.worker.settings import ClusterSettings
 
 # Hugging Face hub ids look like "org/name"; anything else is taken as a local path.
@@ -112,40 +112,6 @@ def check_cpus(cluster: ClusterSettings) -> list[int]:
     if shutil.which("taskset") is None:
         raise ConfigError("cluster.cpus needs taskset (util-linux) on the PATH")
     return cores
-
-
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # one per running kernel: containers on a host share it
-# A CPU time quota (a container's --cpus, a Kubernetes CPU limit): cgroup v2's "<quota|max> <period>", v1's two files.
-CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-CFS_QUOTA, CFS_PERIOD = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
-
-
-def cpu_cores(cores: list[int]) -> CpuCores | None:
-    """Where a CPU worker computes (pdcluster/protocol.py): cluster.cpus, else every core this process may use.
-    None where the kernel has no boot id to tell hosts apart, or where a quota smaller than those cores bounds it:
-    whether it then slows a neighbour on the same cores depends on the host's load, which no one registers."""
-    try:
-        host = BOOT_ID.read_text().strip()
-    except OSError:
-        return None
-    allowed = frozenset(cores or os.sched_getaffinity(0))
-    quota = cpu_quota()
-    return CpuCores(host=host, cores=allowed) if quota is None or quota >= len(allowed) else None
-
-
-def cpu_quota() -> float | None:
-    """This process's cgroup's CPU time quota, in cores; None: none (or none readable)."""
-    try:
-        quota, period = CPU_MAX.read_text().split()[:2]
-    except (OSError, ValueError):
-        try:
-            quota, period = CFS_QUOTA.read_text().strip(), CFS_PERIOD.read_text().strip()
-        except OSError:
-            return None
-    try:
-        return int(quota) / int(period) if int(quota) > 0 and int(period) > 0 else None
-    except ValueError:  # "max": no quota
-        return None
 
 
 def capabilities(ns: argparse.Namespace, cpu: bool) -> WorkerCapabilities:

@@ -151,7 +151,6 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     env_added.update(traced_env)
     registration = _registration(role, cluster, ns, advertise, kv_bootstrap_port, checks.capabilities(ns, cpu))
     registration.kv_events = kv_events
-    registration.cpu_cores = checks.cpu_cores(cores) if cpu else None
     return LaunchPlan(role, _command(role, options, stored, cores), final_env, env_added, cluster, registration, cpu)
 
 

@@ -3,7 +3,7 @@ saves; blind (no events) it routes as round robin, and without token ids as the 
 
 from __future__ import annotations
 
-from pdcluster.protocol import CpuCores, ModelIdentity, Role
+from pdcluster.protocol import ModelIdentity, Role
 from router.cache_aware import CacheAware
 from router.kv_routed import RoutedPrompts
 from router.kv_wire import Stored
@@ -145,34 +145,3 @@ def test_a_worker_without_events_beside_indexed_ones_is_routed_by_load():
     policy = policy_holding({"p0": 8})
     workers[0].pending_work_tokens = 5000
     assert policy.choose_for(workers, request(PROMPT)).worker_id == "p1"  # p1: blind, idle
-
-
-BOOT = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
-
-
-def test_prefills_sharing_cpu_cores_keep_a_prefix_on_its_holder_whatever_its_own_queue():
-    """Their queues are one: moving a prompt to the idle one would compute its prefix twice on the same cores."""
-    workers = prefills(2)
-    workers[0].pending_work_tokens, workers[0].in_flight = 5000, 3  # long: on GPUs it sends the prompt away
-    policy = policy_holding({"p0": 400, "p1": 0})
-    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p1"
-    for w, cores in zip(workers, ({0, 1}, {1, 2}), strict=True):  # overlapping: they slow each other
-        w.cpu_cores = CpuCores(host=BOOT, cores=frozenset(cores))
-    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p0"
-    # None holds it: either, at random (the queues are one); a preamble every prompt shares is no hit to follow.
-    assert {policy.choose_for(workers, request([9] * 400)).worker_id for _ in range(40)} == {"p0", "p1"}
-    policy = policy_holding({"p0": 40, "p1": 0})  # 40 tokens: less than a request's allowance
-    assert {policy.choose_for(workers, request([*PROMPT[:40], *[9] * 400])).worker_id for _ in range(40)} == {"p0",
-                                                                                                               "p1"}
-
-
-def test_cpu_prefills_on_other_cores_or_another_host_keep_queues_of_their_own():
-    workers = prefills(2)
-    workers[0].pending_work_tokens, workers[0].in_flight = 5000, 3
-    policy = policy_holding({"p0": 400, "p1": 0})
-    for other in (CpuCores(host=BOOT, cores=frozenset({2, 3})), CpuCores(host=BOOT.replace("0b", "ff"),
-                                                                           cores=frozenset({0, 1}))):
-        workers[0].cpu_cores, workers[1].cpu_cores = CpuCores(host=BOOT, cores=frozenset({0, 1})), other
-        assert policy.choose_for(workers, request(PROMPT)).worker_id == "p1"
-    workers[1].cpu_cores = None  # a GPU prefill beside a CPU one
-    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p1"

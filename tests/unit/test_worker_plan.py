@@ -14,8 +14,7 @@ import pytest
 import decode.plan
 import prefill.plan
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import Role, WorkerRegistration
-from pdcluster.worker import checks
+from pdcluster.protocol import Role
 from pdcluster.worker.environment import CPU_SHIM_DIR
 from pdcluster.worker.options import ConfigError
 from pdcluster.worker.plan import build_plan
@@ -124,38 +123,6 @@ def test_cpus_pin_sglangs_whole_tree_and_size_its_threads(tmp_path, model_dir, r
     assert "OMP_WAIT_POLICY" not in plan(tmp_path, model_dir, role=role, device="cuda").env_added
     spans = build_plan(RULES[role], config, [], env={}, cluster_overrides={"cpus": f"{core},{core}-{core}"})
     assert spans.command[:3] == ["taskset", "--cpu-list", str(core)] and spans.env["OMP_NUM_THREADS"] == "1"
-
-
-def test_a_cpu_worker_registers_its_host_and_cores_a_gpu_one_none(tmp_path, model_dir, monkeypatch):
-    """What the router's cache_aware policy counts as one queue (router/cache_aware.py)."""
-    monkeypatch.setattr(checks, "CPU_MAX", tmp_path / "absent")  # whatever quota the machine running this has
-    monkeypatch.setattr(checks, "CFS_QUOTA", tmp_path / "absent")
-    core = min(os.sched_getaffinity(0))
-    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    unpinned = plan(tmp_path, model_dir).registration.cpu_cores
-    assert unpinned is not None and (unpinned.host, unpinned.cores) == (boot_id, frozenset(os.sched_getaffinity(0)))
-    config = write_config(tmp_path, f"model-path: {model_dir}\nport: 0\ncluster:\n  device: cpu\n  cpus: '{core}'\n")
-    pinned = build_plan(RULES[Role.PREFILL], config, [], env={}).registration
-    assert pinned.cpu_cores is not None and pinned.cpu_cores.cores == frozenset({core})
-    assert WorkerRegistration.model_validate_json(pinned.model_dump_json()).cpu_cores == pinned.cpu_cores
-    assert plan(tmp_path, model_dir, device="cuda").registration.cpu_cores is None
-
-
-@pytest.mark.parametrize(("v2", "v1", "shares"), [
-    ("max 100000\n", None, True), (None, ("-1", "100000"), True), (None, None, True),  # no quota
-    ("50000 100000\n", None, False), (None, ("150000", "100000"), False),  # a quota below the cores it may use
-    (f"{100000 * len(os.sched_getaffinity(0))} 100000", None, True)])
-def test_a_cpu_quota_below_its_cores_registers_no_cores(tmp_path, monkeypatch, v2, v1, shares):
-    """A container's --cpus or a Kubernetes CPU limit: whether the worker slows a neighbour is not known."""
-    monkeypatch.setattr(checks, "CPU_MAX", tmp_path / "cpu.max")
-    monkeypatch.setattr(checks, "CFS_QUOTA", tmp_path / "quota")
-    monkeypatch.setattr(checks, "CFS_PERIOD", tmp_path / "period")
-    if v2 is not None:
-        checks.CPU_MAX.write_text(v2)
-    if v1 is not None:
-        checks.CFS_QUOTA.write_text(v1[0])
-        checks.CFS_PERIOD.write_text(v1[1])
-    assert (checks.cpu_cores([]) is not None) is shares
 
 
 @pytest.mark.parametrize(("cpus", "message"), [
