@@ -34,7 +34,8 @@ class SampledOut:
     __slots__ = ("headers",)
 
     def __init__(self, trace_id: int, flags: int, state: str | None):
-        self.headers = {"traceparent": f"00-{trace_id:032x}-{new_id(64):016x}-{flags:02x}"}
+        # a third cheaper than f-string format specs (callgrind), on the path of most requests
+        self.headers = {"traceparent": "00-%032x-%016x-%02x" % (trace_id, new_id(64), flags)}  # noqa: UP031
         if state:
             self.headers["tracestate"] = state
 
