@@ -15,7 +15,7 @@ MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap prometheus
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
-	bench-tracing bench-persistence bench-kv-handoff bench-clients bench-routing \
+	bench-tracing bench-tracing-instructions bench-persistence bench-kv-handoff bench-clients bench-routing \
 	bench-routing-decision bench-routing-restarts clean
 
 setup: system-packages venv model
@@ -79,6 +79,11 @@ bench:
 bench-tracing:
 	$(PY) -m bench.tracing_cost
 
+# The same routers' instructions per request under valgrind's callgrind, steady where CPU time is noisy (~8 min):
+# bench/results/tracing-instructions.json and .png.
+bench-tracing-instructions:
+	$(PY) -m bench.tracing_instructions
+
 # Real clusters on the CPU demo model under sglang.bench_serving (~18 min): our router vs SGLang's (and vs an
 # identical twin of ours: the noise), PD vs colocated, prefix vs round robin, sleep-on-idle on vs off, idle CPU:
 # bench/results/cluster.json and .png. Holds the shared cluster lock so that no other real cluster runs meanwhile
@@ -119,9 +124,13 @@ bench-n:
 
 # The prefill policies (round_robin, prefix, cache_aware) side by side on 2 prefills + 1 decode, SmolLM2, tenants
 # with long shared prompts (~25 min; QUICK=1: a check of the harness; bench.routing --dry-run: the workload only):
-# bench/results/routing.json and .png.
+# bench/results/routing.json and .png. CHATS=1 (~23 min): 8 tenants' 4-turn chats on ~1500-token prompts, arriving
+# at RATE a second (default 0.35, an open loop), 2 repeats: routing-chats4-p1500q200-t8-r<RATE>.json.
+CHATS_ARGS = --turns 4 --prefix-tokens 1500 --question-tokens 200 --open-chats 2 --tenants 8 --repeats 2 \
+	--rate $(or $(RATE),0.35)
 bench-routing:
-	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL))
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing $(if $(QUICK),--quick) $(if $(BENCH_MODEL),--model $(BENCH_MODEL)) \
+		$(if $(CHATS),$(CHATS_ARGS))
 
 # cache_aware across a router restart and a prefill restart on real SGLang (~12 min; SHARED=1: both prefills on one
 # KV store directory, routing-restarts-shared.json; needs ~15.5 GiB of RAM available, SGLang's HiCache reserve):

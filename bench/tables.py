@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import pd_report, tracing_cost
+from bench import pd_report, tracing_cost, tracing_instructions
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
@@ -224,9 +224,11 @@ def routing(name: str = "routing.json") -> str:
             for policy, cell in summary["policies"].items()]
     verdicts = "; ".join(f"{name.replace('_', ' ')} {v['value'] if isinstance(v['value'], int) else num(v['value'], 3)}"
                          f" ({v['target']}): {_met(v['met'])}" for name, v in result["verdicts"].items())
-    shape = result["settings"]["shape"]
-    return (source(result, name) + f" medians (min-max) of {result['settings']['repeats']} repeats, "
-            f"{shape['requests']} requests each, {shape['tenants']} tenants\n\n"
+    settings = result["settings"]
+    shape, rate = settings["shape"], settings.get("rate")
+    load_ = f"arriving at {rate:g}/s (open loop)" if rate else f"{settings['concurrency']} in flight (closed loop)"
+    return (source(result, name) + f" medians (min-max) of {settings['repeats']} repeats, "
+            f"{shape['requests']} requests each, {load_}, {shape['tenants']} tenants\n\n"
             + grid(["policy", "cached / oracle", "TTFT p50 s", "TTFT p50 / round robin's", "errors"], rows)
             + f"\n\ncache_aware's targets: {verdicts}.")
 
@@ -267,11 +269,14 @@ TABLES: dict[str, Callable[[], str]] = {
     "decode-only": decode_only,
     "kv-handoff": kv_handoff,
     "routing": routing,
+    "routing-open": lambda: routing("routing-chats4-p1500q200-t8-r0.35.json"),
     "routing-decision": routing_decision,
     "routing-restarts": routing_restarts,
     "routing-restarts-shared": lambda: routing_restarts("routing-restarts-shared.json"),
     "tracing-cost": lambda: source(load("tracing-cost.json"), "tracing-cost.json") + " "
     + tracing_cost.table(load("tracing-cost.json")),
+    "tracing-instructions": lambda: source(load("tracing-instructions.json"), "tracing-instructions.json") + " "
+    + tracing_instructions.table(load("tracing-instructions.json")),
 }
 
 
