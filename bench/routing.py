@@ -3,7 +3,9 @@ prefills, 1 decode; SmolLM2 by default), one router of ours per policy (round_ro
 same registered workers and SGLang's own router (sglang-router, its cache_aware prefill policy) over them too, and a
 multi-tenant workload (bench/routing_report.py: a few tenants, each a long system prompt with Zipf popularity, short
 questions) sent to each router in turn, the order rotating per repeat, every worker's cache flushed before each run.
-Each request streams from /generate (TTFT: its first event; cached tokens: its last event's meta_info). Scored
+A closed loop (--concurrency clients) or, with --rate, an open one (Poisson arrivals, as users come: a queue a policy
+leaves behind grows). Each request streams from /generate (TTFT: its first event; cached tokens: its last event's
+meta_info). Scored
 against the oracle (the best prefill in hindsight), TTFT percentiles with their spread over repeats. Writes
 bench/results/routing[-<model>][-quick].json and .png. `--dry-run`: the workload and its oracle only, nothing
 started. Hold `flock /tmp/pdcluster-cluster.lock` (the Makefile target does).
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 import sys
 import tempfile
@@ -91,6 +94,29 @@ async def drive(url: str, texts: list[str], concurrency: int, after: list[int | 
     return answers
 
 
+async def drive_open(url: str, texts: list[str], rate: float, after: list[int | None], seed: int) -> list[dict]:
+    """An open loop: the workload's requests arrive as a Poisson process of `rate` a second (seeded: the same times
+    for every policy), whatever is still unanswered; a chat's turn at its arrival or once the turn before it was
+    answered, whichever is later. TTFT counts from when a request is sent."""
+    clock, due = random.Random(seed), []
+    for _ in texts:
+        due.append((due[-1] if due else 0.0) + clock.expovariate(rate))
+    answers: list[dict] = [{} for _ in texts]
+    answered = [asyncio.Event() for _ in texts]
+    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=None)) as client:
+        began = time.perf_counter()
+
+        async def arrive(i: int, text: str) -> None:
+            await asyncio.sleep(max(0.0, due[i] - (time.perf_counter() - began)))
+            if (before := after[i]) is not None:
+                await answered[before].wait()
+            sent = time.perf_counter() - began
+            answers[i] = {**await one(client, url, text), "sent_s": sent, "due_s": round(due[i], 3)}
+            answered[i].set()
+        await asyncio.gather(*(arrive(i, text) for i, text in enumerate(texts)))
+    return answers
+
+
 def index_pages(router: procs.Proc) -> dict[str, float]:
     return {w: float(v) for w, v in _PAGES.findall(httpx.get(f"{router.url}/metrics", timeout=10).text)}
 
@@ -144,7 +170,9 @@ def run_all(args, log_dir: Path, log) -> tuple[list[dict], dict]:
                 if not wait_index_flushed(routers["cache_aware"], 2):
                     notes["index_not_flushed"].append(f"{policy}-{repeat}")
                 began = time.monotonic()
-                answers = asyncio.run(drive(routers[policy].url, texts, args.concurrency, [r.after for r in requests]))
+                after = [r.after for r in requests]
+                answers = asyncio.run(drive(routers[policy].url, texts, args.concurrency, after) if args.rate is None
+                                      else drive_open(routers[policy].url, texts, args.rate, after, seed=repeat + 1))
                 row = routing_report.run_row(policy, repeat, answers, oracle, time.monotonic() - began)
                 notes["prompt_tokens_not_as_the_oracle_counted"] += sum(  # the oracle's tokenizer is SGLang's
                     a.get("prompt_tokens") not in (None, len(i)) for a, i in zip(answers, ids, strict=True))
@@ -164,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small workload, 1 repeat: a check of the harness")
     parser.add_argument("--repeats", type=int, help="runs of each policy (default 3, --quick 1)")
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
+    parser.add_argument("--rate", type=float, help="requests a second arriving (an open loop) instead of --concurrency")
     parser.add_argument("--turns", type=int, default=1, help="turns per chat (1: single questions)")
     parser.add_argument("--prefix-tokens", type=int, help=f"a tenant's system prompt (default {Shape.prefix_tokens})")
     parser.add_argument("--question-tokens", type=int, help=f"a question or turn (default {Shape.question_tokens})")
@@ -200,14 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     summary = routing_report.summarize(runs)
     result = {"benchmark": "prefill policies on a multi-tenant shared-prefix workload, 2 prefills + 1 decode",
               "settings": {"model": model.path, "shape": vars(args.shape), "repeats": args.repeats,
-                           "concurrency": args.concurrency, "max_new_tokens": MAX_NEW_TOKENS},
+                           "concurrency": args.concurrency if args.rate is None else None, "rate": args.rate,
+                           "max_new_tokens": MAX_NEW_TOKENS},
               "machine": machine, "started_utc": began, "wall_seconds": round(time.monotonic() - t0), "notes": notes,
               "runs": runs, "summary": summary, "verdicts": routing_report.verdicts(summary)}
     name = ("routing" + ("" if args.model == "smollm2" else f"-{args.model}") + ("-quick" if args.quick else "")
             + (f"-chats{args.turns}" if args.turns > 1 else "")
             + (f"-p{args.shape.prefix_tokens}q{args.shape.question_tokens}"
                if {"prefix_tokens", "question_tokens"} & set(sized) else "")
-            + (f"-t{args.shape.tenants}" if "tenants" in sized else ""))
+            + (f"-t{args.shape.tenants}" if "tenants" in sized else "") + (f"-r{args.rate:g}" if args.rate else ""))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     routing_report.plot(result, RESULTS / f"{name}.png")

@@ -53,6 +53,31 @@ def test_a_chats_turn_carries_the_chat_so_far_and_is_sent_only_once_the_turn_bef
     assert sent != list(range(len(texts)))  # a waiting turn let later requests pass it
 
 
+def test_the_open_loop_sends_at_seeded_arrivals_without_waiting_for_answers_but_a_turn_waits_for_its_chat():
+    shape = Shape(tenants=2, prefix_tokens=50, question_tokens=5, requests=30, turns=3, open_chats=2)
+    requests = routing_report.workload(shape, seed=3)
+    texts, after = [r.text for r in requests], [r.after for r in requests]
+    in_flight, most = 0, 0
+
+    async def slow_answer(client, url, text):  # far slower than arrivals: a closed loop of 1 would send one by one
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.2)
+        in_flight -= 1
+        return {"text": text}
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(routing, "one", slow_answer)
+        answers = asyncio.run(routing.drive_open("http://x", texts, 500.0, after, seed=1))
+        again = asyncio.run(routing.drive_open("http://x", texts, 500.0, after, seed=1))
+    assert [a["text"] for a in answers] == texts and most > 4  # arrivals did not wait for answers
+    assert [a["due_s"] for a in answers] == [a["due_s"] for a in again]  # the same arrivals for every policy
+    assert all(a["sent_s"] >= a["due_s"] for a in answers)
+    assert all(answers[i]["sent_s"] >= answers[before]["sent_s"] + 0.2 for i, before in enumerate(after)
+               if before is not None)  # a turn only once the one before it was answered
+
+
 def test_the_oracle_is_the_longest_prefix_shared_with_any_earlier_prompt_as_sglang_reuses_it():
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 9, 9], [7, 7, 7], [1, 2, 3, 4, 5, 6, 7, 8], [7, 7, 7, 1]]
     assert routing_report.oracle(prompts, page=1) == [0, 6, 0, 7, 3]  # a repeat recomputes its last token
