@@ -40,11 +40,13 @@ model:
 	$(PY) scripts/build_demo_model.py --out models/tiny-llama
 	$(PY) scripts/fetch_smollm2.py --out models/smollm2-135m-instruct
 
-# Lint (ruff, the whole tree) and type check (mypy: router/, bootstrap/, pdcluster/, prefill/, decode/), both as
-# configured in pyproject.toml. Run first by `make test` and `make quick`.
+# Lint (ruff, the whole tree), type check (mypy: router/, bootstrap/, pdcluster/, prefill/, decode/) and the import
+# contracts between rooms and components (import-linter), all as configured in pyproject.toml. Run first by `make test`
+# and `make quick`.
 check:
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 # The suites that start no SGLang process and no Docker first, on both cores (xdist), then the cluster suites one
 # cluster at a time (tests/conftest.py's ORDER); both run whatever the first gave, and either failing fails `make test`.

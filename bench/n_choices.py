@@ -5,7 +5,7 @@ cluster, the two alternating (which goes first alternates too), each time with a
 MAX_TOKENS tokens (ignore_eos), so n = 4 decodes 4x the tokens of n = 1 in one batch.
 
 The router sends the first choice alone and the others, together, once its prefill half answered, to that prefill
-(router/fanout.py): the prefill's radix cache serves them the prompt. The target: n = 4 <= 1.5x n = 1.
+(router/openai/fanout.py): the prefill's radix cache serves them the prompt. The target: n = 4 <= 1.5x n = 1.
 Writes bench/results/n-choices.json and .png: each pair's ratio, the ratios' median and spread (the noise).
 """
 

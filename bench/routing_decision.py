@@ -5,12 +5,14 @@ engine sends them.
 
 - A decision: `CacheAware.choose_for` for a /generate text and a chat of about 1000 and 8000 tokens (counted:
   `tokens`), between two indexed prefills of which one holds the shared text as far as the router reads it (its
-  first 32k characters, ~4.9k tokens: router/prompt_ids.py; page size 1, as SGLang on CPU publishes): rendering the
+  first 32k characters, ~4.9k tokens: router/kv_routing/prompt_ids.py; page size 1, as SGLang on CPU publishes):
+  rendering the
   chat, tokenizing as far as a prefill holds the prompt, walking the index, weighing load. Each prompt a shared text
   and a new question (a tenant's traffic), or a text never seen. Timed one by one in an event loop, p50/p99 over
   repeats (`ids_read`: the most a decision encoded; `cpu_p99_ms`: its CPU time's, which a busy machine's other
   processes do not inflate); `credit_p50_ms`: the routed prompt's rest, encoded in the
-  loop's next turn, off the request's path (router/cache_aware.py). The target is every 8000-token prompt's p99.
+  loop's next turn, off the request's path (router/kv_routing/cache_aware.py). The target is every 8000-token prompt's
+  p99.
 - The event stream: `Subscription.receive` (decode, check the sequence, index) of BlockStored batches, as a prefill
   sends one per prompt it computed: CPU time per stored token, and the share of a core it costs at the routing
   benchmark's rate (the prompt tokens its prefills computed per second, from bench/results/routing.json), or at
@@ -32,16 +34,16 @@ from pathlib import Path
 from bench import report
 from bench.routing_report import WORDS
 from pdcluster.protocol import KVEventsEndpoint, ModelIdentity, Role
-from router.cache_aware import CacheAware
-from router.kv_events import Subscription
-from router.kv_keys import LazyIds
-from router.kv_routed import RoutedPrompts
-from router.kv_wire import Stored
+from router.checks.validation import check_chat, check_generate
+from router.fleet.workers import Worker, WorkerPool
+from router.kv_routing.cache_aware import CacheAware
+from router.kv_routing.kv_events import Subscription
+from router.kv_routing.kv_keys import LazyIds
+from router.kv_routing.kv_routed import RoutedPrompts
+from router.kv_routing.kv_wire import Stored
 from router.metrics import RouterMetrics
-from router.pairing import make_policy
-from router.request import PdRequest
-from router.validation import check_chat, check_generate
-from router.workers import Worker, WorkerPool
+from router.pd.pairing import make_policy
+from router.pd.request import PdRequest
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = RESULTS.parent.parent

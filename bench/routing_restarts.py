@@ -16,7 +16,8 @@ target does).
 `--shared-store` (`make bench-routing-restarts SHARED=1`, routing-restarts-shared.json and .png): both prefills
 read and write one KV store (`cluster.kv_store.dir`: one fresh directory, so one namespace and one store id), so the
 restarted prefill comes back with an empty memory and a warm store, whose pages cache_aware credits to it
-(router/kv_index.py). The decode gets the store's page size only (decode_offload off: its answers are never a prompt
+(router/kv_routing/kv_index.py). The decode gets the store's page size only (decode_offload off: its answers are never
+a prompt
 here, and a third HiCache worker would need SGLang's 10 GiB RAM reserve once more). Otherwise the same run, but with
 HiCache on the prefills and pages of 64 tokens (only whole pages are cached): compare each run with its own steady.
 """

@@ -2,7 +2,7 @@
 
 Three routers (`python -m router`, one process each) over the same two fake SGLang workers (bench/fake_worker.py):
 tracing off; on, every request traced; on, 1% of requests sampled (OTEL_TRACES_SAMPLER). A traced router's exporter
-process (router/trace_export.py) exports over real OTLP/HTTP (the SDK's batch processor and OTLP exporter at their
+process (router/tracing/export.py) exports over real OTLP/HTTP (the SDK's batch processor and OTLP exporter at their
 defaults, as in production) to a receiver in this process (bench/otlp_receiver.py) that parses every batch and
 counts its spans, at nice 19: a collector runs elsewhere, not on the 2 cores the router is measured on. Each
 round drives each router with wrk (the router benchmark's harness, bench/router.py), plain and streamed, in turn, which
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"rounds": args.rounds, "duration_s": args.duration, "warmup_s": args.warmup,
                      "concurrency": args.concurrency, "modes": args.modes, "chunks_per_stream": args.chunks,
                      "router_processes": 1, "load_generator": "wrk -t1, closed loop", "target_ratio": TARGET,
-                     "exporter": "the router's exporter process (router/trace_export.py): OTLP/HTTP protobuf, the "
+                     "exporter": "the router's exporter process (router/tracing/export.py): OTLP/HTTP protobuf, the "
                                  "SDK's BatchSpanProcessor at its defaults"},
         "machine": {**machine, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
         "cells": cells, "derived": derive(cells, args.modes),

@@ -1,5 +1,6 @@
 """`python -m bench.upstream_client`: CPU per upstream request of the router's own data-plane client
-(router/upstream.py, "upstream") and aiohttp's ClientSession, on uvloop as in the router, against the FAKE worker
+(router/transport/upstream.py, "upstream") and aiohttp's ClientSession, on uvloop as in the router, against the FAKE
+worker
 in another process: a plain 200 JSON answer (~250 B) read whole, and a 16-chunk SSE answer iterated as it arrives,
 at concurrency 1 and 64. CPU is this process's (time.process_time: the client and its event loop, nothing else).
 Cells are repeated, clients interleaved (in turn first), and the median kept: the machine is shared, and at
@@ -25,16 +26,16 @@ from bench.router import RESULTS, wait_for_quiet
 PLAIN = b'{"text": "The capital of France is", "sampling_params": {"max_new_tokens": 16}}'
 STREAM = b'{"text": "The capital of France is", "sampling_params": {"max_new_tokens": 16}, "stream": true}'
 HEADERS = {"content-type": "application/json"}
-NOTE = ("Both clients as fixed for tests/unit/test_upstream_adversarial.py, which router/upstream.py passes in "
-        "every case and aiohttp in all but two (a reset ending a close-delimited body is taken as its end; an "
-        "unsolicited answer on an idle connection is handed to the next request). cpu_ms_per_request is the median "
+NOTE = ("Both clients as fixed for tests/unit/test_upstream_adversarial.py, which router/transport/upstream.py "
+        "passes in every case and aiohttp in all but two (a reset ending a close-delimited body is taken as its end; "
+        "an unsolicited answer on an idle connection is handed to the next request). cpu_ms_per_request is the median "
         "of the runs listed; at concurrency 1 a run may move by up to 2x on this shared 2-core machine.")
 
 
 def client_for(name: str, base: str):
     """(post(body, stream) -> bytes received, close) for one client."""
     if name == "upstream":
-        from router.upstream import UpstreamClient
+        from router.transport.upstream import UpstreamClient
 
         client = UpstreamClient(connect_timeout=5, read_timeout=600)
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
               for (name, answer, conc) in cpu if name == "upstream" and ("aiohttp", answer, conc) in cpu}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "experiment": "router/upstream.py vs aiohttp: CPU per upstream request, this process only, uvloop",
+        "experiment": "router/transport/upstream.py vs aiohttp: CPU per upstream request, this process only, uvloop",
         "note": NOTE, "aiohttp_cpu_over_upstream_cpu": ratios,
         "machine": {**report.machine(), "cores_busy_before_start": busy},
         "cells": sorted(cells, key=lambda c: (c["answer"], c["concurrency"], c["client"]))}, indent=2) + "\n")

@@ -81,7 +81,8 @@ LINGER_SECONDS = 10.0
 
 
 class Incoming(Protocol):
-    """What read_body and check_bearer use of a request: Starlette's, or the router's edge's (router/edge.py)."""
+    """What read_body and check_bearer use of a request: Starlette's, or the router's edge's
+    (router/transport/edge.py)."""
 
     @property
     def headers(self) -> Mapping[str, str]: ...
@@ -92,7 +93,8 @@ class Incoming(Protocol):
 async def read_body(request: Incoming, limit: int) -> bytes:
     """The request body, refusing (413) anything over `limit` bytes without buffering more than that.
 
-    `request`: Starlette's, or anything with `headers` and an async `stream()` of body chunks (router/edge.py)."""
+    `request`: Starlette's, or anything with `headers` and an async `stream()` of body chunks
+    (router/transport/edge.py)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         await _linger(request, request.stream(), limit)

@@ -39,7 +39,7 @@ class ModelIdentity(_Strict):
 
 class WorkerCapabilities(_Strict):
     """What a worker's SGLang was started with that a request may depend on: the router serves such a request only
-    through a pair whose two workers have it (router/pairing.py, `check_for_pair`). Defaults: what a worker that says
+    through a pair whose two workers have it (router/pd/pairing.py, `check_for_pair`). Defaults: what a worker that says
     nothing (an older launcher) runs with."""
 
     # SGLang's --tool-call-parser and --reasoning-parser, by name (the launcher refuses "auto": SGLang resolves it
@@ -91,11 +91,11 @@ class WorkerRegistration(_Strict):
     vocab_size: int | None = Field(default=None, ge=1)
     context_length: int | None = Field(default=None, ge=1)
     # From SGLang's /server_info once it serves (None: unknown): the tokens its KV pool holds, and a decode's
-    # num_reserved_decode_tokens, which it pre-allocates with every prompt (router/kv_fit.py).
+    # num_reserved_decode_tokens, which it pre-allocates with every prompt (router/pd/kv_fit.py).
     kv_pool_tokens: int | None = Field(default=None, ge=1)
     reserved_decode_tokens: int | None = Field(default=None, ge=0)
     # ... and the most prompt tokens one forward pass computes (its chunked prefill size): how long a prefill may be
-    # silent while it works for any client, other routers' included (router/liveness.py).
+    # silent while it works for any client, other routers' included (router/fleet/liveness.py).
     forward_tokens: int | None = Field(default=None, ge=1)
     # Made by the launcher at each start: routers check a new instance (a restarted worker) before it gets traffic.
     instance_id: str | None = Field(default=None, max_length=64)

@@ -14,18 +14,19 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pdcluster.http import ApiError, check_bearer, install_error_handlers
 from pdcluster.protocol import Role
-from router import kv_events, openapi
-from router.admission import Admissions
-from router.attempt import Dispatcher
+from router import openapi
 from router.config import RouterConfig
-from router.discovery import FIRST_LISTING_WAIT, follow_registry
-from router.edge import Edge
-from router.health import probe_forever
+from router.fleet.discovery import FIRST_LISTING_WAIT, follow_registry, static_workers
+from router.fleet.health import probe_forever
+from router.fleet.workers import CircuitBreaker, Worker, WorkerPool
+from router.kv_routing import kv_events
 from router.metrics import RouterMetrics
-from router.pairing import Pairing, make_policy
+from router.pd.admission import Admissions
+from router.pd.attempt import Dispatcher
+from router.pd.pairing import Pairing, make_policy
 from router.service import PdService
-from router.upstream import UpstreamClient
-from router.workers import CircuitBreaker, Worker, WorkerPool
+from router.transport.edge import Edge
+from router.transport.upstream import UpstreamClient
 
 # FastAPI 0.165 consults OpenTelemetry's global providers on every request unless told not to.
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
@@ -38,10 +39,11 @@ async def _sample_every_second(metrics: RouterMetrics) -> None:
 
 
 def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
-    """The router's ASGI app: the PD routes on the edge (router/edge.py) in front of FastAPI's control routes."""
+    """The router's ASGI app: the PD routes on the edge (router/transport/edge.py) in front of FastAPI's control
+    routes."""
     pool = pool or WorkerPool(make_breaker=lambda: CircuitBreaker(config.breaker_threshold, config.breaker_cooldown),
                               admission_check=config.admission_check)
-    pool.add_static(config.static_workers())
+    pool.add_static(static_workers(config))
     api_key = config.resolved_api_key()
     metrics = RouterMetrics(pool)
     pairing = Pairing(pool, make_policy(config.prefill_policy), make_policy(config.decode_policy))
@@ -54,7 +56,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
     app.state.metrics = metrics
     install_error_handlers(app)
     _control_routes(app, pool, metrics, api_key, state)
-    # The PD routes are served by the edge, in front of FastAPI (why: router/edge.py).
+    # The PD routes are served by the edge, in front of FastAPI (why: router/transport/edge.py).
     return Edge(app, pd.routes())
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from typing import Annotated, Literal
-from urllib.parse import urlparse
 
 from pydantic import (
     AfterValidator,
@@ -17,10 +16,9 @@ from pydantic import (
 )
 
 from pdcluster.config_file import secret_or_env
-from pdcluster.protocol import Role, WorkerCapabilities
-from router.workers import Worker
 
-# The load-balancing policies, one class each in router/pairing.py's REGISTRY (tests/unit/test_policies.py checks that
+# The load-balancing policies, one class each in router/pd/pairing.py's REGISTRY (tests/unit/test_policies.py checks
+# that
 # both name the same): named here, so that the config does not import the request path.
 POLICIES = ("round_robin", "random", "power_of_two", "prefix", "cache_aware")
 
@@ -48,7 +46,7 @@ class StaticWorker(BaseModel):
     vocab_size: int | None = Field(default=None, ge=1)
     context_length: int | None = Field(default=None, ge=1)
     # A prefill's largest forward pass in prompt tokens (SGLang's chunked_prefill_size; discovered workers register
-    # it): how long its scheduler may be silent (router/liveness.py). Unknown: only this router's prompts count.
+    # it): how long its scheduler may be silent (router/fleet/liveness.py). Unknown: only this router's prompts count.
     forward_tokens: int | None = Field(default=None, ge=1)
     # What its SGLang runs with (discovered workers register these): --tool-call-parser's name, for tool calling,
     # --reasoning-parser's, for the reasoning fields, and --enable-deterministic-inference, for seeds. Requests that
@@ -57,20 +55,11 @@ class StaticWorker(BaseModel):
     reasoning_parser: str | None = Field(default=None, min_length=1, max_length=64)
     deterministic_inference: bool = False
 
-    def worker(self, role: Role, index: int) -> Worker:
-        url = str(self.url).rstrip("/")
-        host = self.kv_bootstrap_host or urlparse(url).hostname
-        capabilities = WorkerCapabilities(tool_call_parser=self.tool_call_parser,
-                                          reasoning_parser=self.reasoning_parser,
-                                          deterministic_inference=self.deterministic_inference)
-        return Worker(f"static-{role.value}-{index}", role, url, host if role is Role.PREFILL else None,
-                      self.kv_bootstrap_port, vocab_size=self.vocab_size, context_length=self.context_length,
-                      forward_tokens=self.forward_tokens, static=True, capabilities=capabilities)
-
     @field_validator("url")
     @classmethod
     def _plain_http(cls, url: HttpUrl) -> HttpUrl:
-        if url.scheme != "http":  # workers sit on the cluster's own network; router/upstream.py speaks plain HTTP
+        # workers sit on the cluster's own network; router/transport/upstream.py speaks plain HTTP
+        if url.scheme != "http":
             raise ValueError(f"{url}: workers are reached over http://, not {url.scheme}://")
         return url
 
@@ -106,8 +95,9 @@ class RouterConfig(BaseModel):
     # Attempts per request on new pairs, for connection errors and 5xx/429 before the first byte reaches the client.
     max_attempts: int = Field(default=3, ge=1, le=10)
     retry_backoff: float = Field(default=0.05, ge=0)  # doubled per attempt, with jitter
-    # The most choices (`n`) an OpenAI request may ask for: each is a PD request of its own (router/fanout.py). At
-    # most the inventory's ceiling (router/inventory/rules.py's MAX_N).
+    # The most choices (`n`) an OpenAI request may ask for: each is a PD request of its own (router/openai/fanout.py).
+    # At
+    # most the inventory's ceiling (router/checks/inventory/rules.py's MAX_N).
     max_n: int = Field(default=8, ge=1, le=64)
     # Consecutive failures that open a worker's circuit breaker, and how long it then gets no traffic.
     breaker_threshold: int = Field(default=5, ge=1)
@@ -120,7 +110,7 @@ class RouterConfig(BaseModel):
     health_timeout: float = Field(default=25.0, gt=0)
     # Consecutive failed health checks before a worker is ejected; one success readmits it.
     unhealthy_threshold: int = Field(default=2, ge=1)
-    # Liveness, apart from /health (router/liveness.py; thresholds measured in docs/faults.md): every
+    # Liveness, apart from /health (router/fleet/liveness.py; thresholds measured in docs/faults.md): every
     # liveness_interval each worker's /v1/loads is asked (SGLang's HTTP process answers it from shared memory).
     # No answer for liveness_timeout seconds, or a scheduler whose load snapshot has not moved for stall_timeout
     # seconds while it has work: the worker is hung, ejected, and the requests open on it are ended (retried on
@@ -139,12 +129,13 @@ class RouterConfig(BaseModel):
     # Router processes sharing the port (SO_REUSEPORT), one core each at most: see router/processes.py.
     workers: int = Field(default=1, ge=1, le=64)
     # Each new worker instance (a new or restarted worker) gets traffic only once one short greedy canary through a
-    # pair with it answers what admitted workers of its model answer (router/admission.py).
+    # pair with it answers what admitted workers of its model answer (router/pd/admission.py).
     admission_check: bool = True
     # Answers name the pair that served them (X-Pdcluster-Prefill/-Decode) only when this is on: worker ids are
     # internal names of the cluster.
     expose_worker_ids: bool = False
-    # OpenTelemetry spans per request, attempt and leg (router/tracing.py); unset: env PDCLUSTER_TRACING. Where they
+    # OpenTelemetry spans per request, attempt and leg (router/tracing/spans.py); unset: env PDCLUSTER_TRACING. Where
+    # they
     # go: the OTEL_* variables (pdcluster/otel.py).
     tracing: bool | None = None
     log_level: str = "warning"
@@ -157,11 +148,6 @@ class RouterConfig(BaseModel):
             if worker.kv_bootstrap_port is None:
                 raise ValueError(f"prefill {worker.url}: kv_bootstrap_port is required for a static prefill")
         return self
-
-    def static_workers(self) -> list[Worker]:
-        """The workers listed here, each role's numbered from 0."""
-        return [spec.worker(role, index) for role, specs in ((Role.PREFILL, self.prefill), (Role.DECODE, self.decode))
-                for index, spec in enumerate(specs)]
 
     def resolved_grace_period(self) -> float:
         return self.grace_period or float(os.environ.get("PDCLUSTER_GRACE_SECONDS") or 60)

@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from router.workers import WorkerPool
+from router.fleet.workers import WorkerPool
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
@@ -102,8 +102,8 @@ class RouterMetrics:
             "pdcluster_router_admissions", "Admission canaries of new worker instances, by result (admitted, refused; "
             "error: the canary could not run and is tried again)", ["role", "result"], registry=r))
         self.spans_dropped = Counter(
-            "pdcluster_router_spans_dropped", "Spans the router dropped (router/trace_export.py): its exporter process "
-            "was behind or gone, and the pipe to it full", registry=r)
+            "pdcluster_router_spans_dropped", "Spans the router dropped (router/tracing/export.py): its exporter "
+            "process was behind or gone, and the pipe to it full", registry=r)
         self._kv_metrics(r)
         self.pool = pool
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -115,7 +115,7 @@ class RouterMetrics:
             self.registry.register(_PoolCollector(pool))
 
     def _kv_metrics(self, r: CollectorRegistry) -> None:
-        """The cache_aware policy's (router/cache_aware.py, router/kv_events.py)."""
+        """The cache_aware policy's (router/kv_routing/cache_aware.py, router/kv_routing/kv_events.py)."""
         self.kv_batches = _Labelled(Counter(
             "pdcluster_router_kv_event_batches", "KV event batches from prefills, by result (applied, duplicate: "
             "already replayed, malformed)", ["worker", "result"], registry=r))
@@ -152,7 +152,8 @@ class RouterMetrics:
 
     def count_cached(self, answer: bytes, stream: bool = False, predicted: int | None = None) -> None:
         """`answer`: a whole answer, or (`stream`) a stream's last chunk with counts, whose last event is counted.
-        `predicted`: the cached tokens the KV index predicted for it (router/cache_aware.py), if it routed it."""
+        `predicted`: the cached tokens the KV index predicted for it (router/kv_routing/cache_aware.py), if it
+        routed it."""
         if stream:  # SGLang's counts in a stream are cumulative: only the last event's count
             events = [e for e in answer.split(b"\n\n") if b"cached_tokens" in e]
             answer = events[-1] if events else b""

@@ -1,7 +1,8 @@
 """The router's OpenAPI document: the contract a schema-driven client, gateway or fuzzer reads.
 
-The three PD routes are served by the edge, not FastAPI (router/edge.py), so FastAPI cannot describe them: their
-request schemas are made here from the same inventory the router checks with (router/inventory/), field by field.
+The three PD routes are served by the edge, not FastAPI (router/transport/edge.py), so FastAPI cannot describe them:
+their
+request schemas are made here from the same inventory the router checks with (router/checks/inventory/), field by field.
 A refused field appears as what the router takes of it (null, or SGLang's own default, both "not given"); a field
 in no table is not there, and `additionalProperties: false` says the router refuses it. What depends on the pair
 that serves a request (token ids < its vocabulary, counts <= its context length) is said in the field's description:
@@ -17,9 +18,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from router.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision, Rule
-from router.inventory.rules import INT32, MAX_BATCH
-from router.validation import REQUIRED
+from router.checks.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision, Rule
+from router.checks.inventory.rules import INT32, MAX_BATCH
+from router.checks.validation import REQUIRED
 
 _REF = "#/components/schemas/{model}"
 _NULL = {"type": "null"}
@@ -34,7 +35,7 @@ def _ref(name: str) -> dict[str, str]:
 
 
 # Fields whose inventory type is looser than the contract, because the router decides them in code (for speed, or
-# item by item): their schemas, as the router's checks in router/validation.py decide.
+# item by item): their schemas, as the router's checks in router/checks/validation.py decide.
 _SCHEMA_OF: dict[tuple[str, str], dict[str, Any]] = {
     ("Generate", "input_ids"): {"anyOf": [_TOKEN_IDS, _ID_BATCH]},
     ("Generate", "sampling_params"): {"anyOf": [_ref("SamplingParams"), {
@@ -42,7 +43,8 @@ _SCHEMA_OF: dict[tuple[str, str], dict[str, Any]] = {
     ("Completion", "prompt"): {"anyOf": [_TEXT, _TEXTS, _TOKEN_IDS, _ID_BATCH]},
     ("ChatCompletion", "messages"): {"type": "array", "minItems": 1, "maxItems": 1024, "items": _ref("Message")},
     ("SamplingParams", "top_k"): {"type": "integer", "minimum": -1, "maximum": 2**30, "not": {"const": 0}},
-    # Empty (`""`) too: an assistant's with calls or a refusal, a tool's or function's may be (router/chat_checks.py).
+    # Empty (`""`) too: an assistant's with calls or a refusal, a tool's or function's may be
+    # (router/checks/chat_checks.py).
     ("Message", "content"): {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {
         "type": "object", "additionalProperties": False, "required": ["type", "text"],
         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},

@@ -1,7 +1,7 @@
-"""One PD request from the client's side: check it, then attempt it on a pair (router/pairing.py chooses,
-router/attempt.py attempts), again on a new pair after a retryable failure before the first byte, and account
+"""One PD request from the client's side: check it, then attempt it on a pair (router/pd/pairing.py chooses,
+router/pd/attempt.py attempts), again on a new pair after a retryable failure before the first byte, and account
 for it (status metric, latency, X-Request-ID, a log line). An OpenAI request for n > 1 choices is n such requests
-(router/fanout.py), accounted for as one."""
+(router/openai/fanout.py), accounted for as one."""
 
 from __future__ import annotations
 
@@ -18,22 +18,24 @@ import orjson
 
 from pdcluster.http import ApiError, check_bearer, parse_json_object
 from pdcluster.protocol import Role
-from router import fanout, openai_answer, tracing
-from router.attempt import Attempt, Dispatcher
+from router.checks.checked import Checked
+from router.checks.validation import check_chat, check_completion, check_generate
 from router.config import RouterConfig
-from router.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
-from router.failures import HalfFailed
-from router.kv_fit import count_prompt, refuse_empty_texts
 from router.metrics import RouterMetrics
-from router.pairing import Pairing, PromptTooLong, available, check_for_pair, pair_limits
-from router.request import Checked, PdRequest, new_rid
-from router.validation import check_chat, check_completion, check_generate
+from router.openai import fanout, openai_answer
+from router.pd.attempt import Attempt, Dispatcher
+from router.pd.failures import HalfFailed
+from router.pd.kv_fit import count_prompt, refuse_empty_texts
+from router.pd.pairing import Pairing, PromptTooLong, available, check_for_pair, pair_limits
+from router.pd.request import PdRequest, new_rid
+from router.tracing import spans
+from router.transport.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 
 log = logging.getLogger("pdcluster.router")
 
 # A client's request id is echoed back and logged, never sent to SGLang (which aborts by rid prefix).
 CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
-# The PD routes, each with the check of its bodies (router/validation.py).
+# The PD routes, each with the check of its bodies (router/checks/validation.py).
 CHECKS: dict[str, Callable[[dict[str, Any]], Checked]] = {
     "/generate": check_generate, "/v1/completions": check_completion, "/v1/chat/completions": check_chat}
 
@@ -49,10 +51,10 @@ class PdService:
 
     def __init__(self, config: RouterConfig, pairing: Pairing, metrics: RouterMetrics, api_key: str | None):
         self.config, self.pairing, self.metrics, self.api_key = config, pairing, metrics, api_key
-        self.tracing = tracing.from_config(config, metrics.spans_dropped.inc)  # None when off: no span is made
+        self.tracing = spans.from_config(config, metrics.spans_dropped.inc)  # None when off: no span is made
 
     def routes(self) -> dict[str, Route]:
-        """The edge's PD routes (router/edge.py): each path answered by `answer`."""
+        """The edge's PD routes (router/transport/edge.py): each path answered by `answer`."""
         def route(path: str) -> Route:
             async def handle(http: EdgeRequest) -> Answer | StreamAnswer:
                 return await self.answer(http, path)
@@ -126,7 +128,7 @@ class PdService:
                                             "rids": request.rids})
             try:
                 attempt = Attempt(self.dispatcher, request, prefill, decode)
-                trace = tracing.current() if self.tracing is not None else None
+                trace = spans.current() if self.tracing is not None else None
                 answer = await (attempt.answer() if trace is None else trace.attempt(attempt))
             except HalfFailed as failure:
                 log.warning("attempt failed", extra={"request_id": request_id, "attempt": request.attempt,

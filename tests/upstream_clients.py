@@ -1,4 +1,5 @@
-"""Two HTTP clients behind one small adapter, for tests/unit/test_upstream_adversarial.py: ours (router/upstream.py)
+"""Two HTTP clients behind one small adapter, for tests/unit/test_upstream_adversarial.py: ours
+(router/transport/upstream.py)
 and aiohttp's ClientSession, each run through `case`: one request answered by a scripted misbehaving worker
 (tests/adversarial_server.py), then a normal request on the same client, which must come right.
 """
@@ -12,8 +13,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import uvloop
 
-from router.upstream import UpstreamClient, UpstreamError
-from router.upstream_response import PAUSE_ABOVE
+from router.transport.upstream import UpstreamClient, UpstreamError
+from router.transport.upstream_response import PAUSE_ABOVE
 from tests.adversarial_server import RawServer, follow_up_body
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -32,7 +32,8 @@ WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 SETTING_DECIDES = ("PYTHONPATH", CPU_ATTENTION_ENV, THREADS_ENV)
 # SGLang's /health waits for any output of the scheduler and, after 20 s without one, answers 503 and marks the
 # server unhealthy (which also makes a later SIGTERM skip the drain). One long forward pass (a long prompt on a CPU)
-# is silent for that long: judging a busy scheduler is the router's liveness's job (router/liveness.py), so SGLang's
+# is silent for that long: judging a busy scheduler is the router's liveness's job (router/fleet/liveness.py), so
+# SGLang's
 # own limit is set far above any probe's timeout.
 # PDCLUSTER_THREAD_GUARD: a worker whose KV-transfer thread died ends instead of serving on (pdcluster/thread_guard.py).
 # SGLANG_SANITIZE_NAN_LOGITS: a grammar that admits no token (`root ::= root`, or a dead end after some tokens) masks

@@ -3,7 +3,7 @@
 SGLang 0.5.23 (`srt/disaggregation/kv_events.py`) publishes, from a worker with a radix cache, a ZMQ PUB message per
 batch of cache events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`) and, on `replay_endpoint`, a ROUTER socket
 that resends buffered batches from a given sequence number. A router subscribes to what the worker registers
-(router/kv_events.py). The launcher picks the ports, like the KV bootstrap port: the first free pair from
+(router/kv_routing/kv_events.py). The launcher picks the ports, like the KV bootstrap port: the first free pair from
 `cluster.kv_events_port_base` up. It sets `bind: true`: SGLang would *connect* to a concrete host such as 127.0.0.1
 (its heuristic binds only wildcards), and the worker listens on its --host like its other sockets.
 """

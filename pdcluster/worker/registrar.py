@@ -151,8 +151,9 @@ class Registrar:
 
     def _read_kv_pool(self) -> None:
         """The KV pool SGLang sized at start (from free memory, capped by --max-total-tokens): the router needs it to
-        keep prompts a decode can never pre-allocate away from it (router/kv_fit.py); and the largest forward pass,
-        which tells the router how long a working prefill may be silent (router/liveness.py). Read once, before the
+        keep prompts a decode can never pre-allocate away from it (router/pd/kv_fit.py); and the largest forward pass,
+        which tells the router how long a working prefill may be silent (router/fleet/liveness.py). Read once, before
+        the
         first registration; unknown (None) if SGLang does not say."""
         if self.registration.kv_pool_tokens is not None:
             return

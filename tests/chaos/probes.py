@@ -25,7 +25,8 @@ class Probes:
         self.samples: dict[str, list[tuple[float, float | None, bool | None, float | None, float]]] = {
             n: [] for n in self.names}
         self.health: dict[str, list[tuple[float, float | None]]] = {n: [] for n in self.names}  # (t, seconds)
-        self.waiting_since: dict[str, float | None] = {n: None for n in self.names}  # as router/liveness.py keeps it
+        # as router/fleet/liveness.py keeps it
+        self.waiting_since: dict[str, float | None] = {n: None for n in self.names}
         self.stop = threading.Event()
         self.heavy = threading.Event()
         self.excluded: dict[str, list[tuple[float, float]]] = {n: [] for n in self.names}  # fault windows

@@ -1,6 +1,7 @@
 """Hostile request bodies for the trust-boundary fuzzer (tests/e2e/test_fuzz.py), generated from the inventory.
 
-Every field name comes from router/inventory/ (which names every field of SGLang's own request types) or is one no
+Every field name comes from router/checks/inventory/ (which names every field of SGLang's own request types) or is one
+no
 table knows. Every value is drawn from one pool of boundary values (integer extremes, tiny and huge floats, empty
 and huge containers, unicode, lists where one value is expected and the other way round, nesting), so a field meets
 values of every type. For fields the router accepts, the values its type and static limits accept are drawn more
@@ -15,7 +16,7 @@ from typing import Any
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from router.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision, PairLimit, Rule
+from router.checks.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision, PairLimit, Rule
 
 
 def atoms(vocab: int, context: int) -> list[Any]:

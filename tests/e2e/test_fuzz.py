@@ -5,7 +5,7 @@ it), nothing may hang, and no worker may die or restart during the run: their SG
 end, the local cluster restarted nothing, and every worker is healthy. Bounded: FUZZ_EXAMPLES bodies per route.
 
 The seed is printed; replay a run with PDCLUSTER_FUZZ_SEED=<seed>. What a run finds becomes a plain regression
-test in tests/e2e/test_trust_boundary.py (and a decision in router/inventory/).
+test in tests/e2e/test_trust_boundary.py (and a decision in router/checks/inventory/).
 
 The schema-driven fuzzer (tests/e2e_smollm2/test_schema_fuzz.py) covers what the router's /openapi.json can say; this
 one keeps what it cannot: values at the pair's own limits (its vocabulary and context length, +-1), refused fields

@@ -2,7 +2,7 @@
 --max-total-tokens 1536 for a 2048-token context). SGLang 0.5.23 would hold a prompt within its reserve (512 tokens)
 of the pool's size in the decode's queue until the prefill's bootstrap timeout (60 s here, 300 s by default) and
 then fail it with a 500. Its launcher registers the pool (pdcluster/worker/registrar.py), and the router
-(router/kv_fit.py) refuses such a prompt at once with a 400 naming the limit, and serves every prompt within it.
+(router/pd/kv_fit.py) refuses such a prompt at once with a 400 naming the limit, and serves every prompt within it.
 
 The shared cluster's two decodes are drained meanwhile, so that the small one is the only decode; they are resumed
 at the end."""

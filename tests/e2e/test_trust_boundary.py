@@ -39,7 +39,7 @@ HOSTILE = [
                  "logit_bias", id="logit-bias"),
     pytest.param("/generate", {"text": "a", "return_logprob": True, "token_ids_logprob": [VOCAB * 9]}, 400,
                  "token_ids_logprob", id="token-ids-logprob"),
-    # Each of these took a worker down before the inventory (router/inventory/): found by hand or by the fuzzer.
+    # Each of these took a worker down before the inventory (router/checks/inventory/): found by hand or by the fuzzer.
     pytest.param("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 8, "min_new_tokens": 4,
                                                                 "stop_token_ids": [5000]}}, 400,
                  "sampling_params.stop_token_ids[0] is 5000", id="stop-token-ids-with-min-new-tokens"),

@@ -1,4 +1,4 @@
-"""Long prompts of a real model must not look like a hang (router/liveness.py), whichever router sent them.
+"""Long prompts of a real model must not look like a hang (router/fleet/liveness.py), whichever router sent them.
 
 On 2 CPU cores one SmolLM2 prefill forward pass of a 2000-4000-token prompt takes 10-30 s in silence: no token, no
 load snapshot, SGLang's /health waiting. Before the allowance for a forward pass, the router ejected such a prefill

@@ -1,4 +1,4 @@
-"""Admission (router/admission.py): a new worker instance gets traffic only once its canary answers what admitted
+"""Admission (router/pd/admission.py): a new worker instance gets traffic only once its canary answers what admitted
 workers of its model answer. Fake workers answer the canary with `canary_ids` (a worker with other weights under
 the same path and name answers other ids)."""
 
@@ -13,9 +13,9 @@ import httpx
 
 from bootstrap.app import create_app as create_bootstrap
 from bootstrap.config import BootstrapConfig
-from router import admission
 from router.app import create_app
 from router.config import RouterConfig
+from router.pd import admission
 from tests.fakes import Behaviour, FakeWorker, ServerThread, until
 from tests.unit.test_bootstrap_service import registration
 from tests.unit.test_router_pd import metric
@@ -122,7 +122,7 @@ def test_a_canary_that_cannot_run_is_tried_again():
 def test_a_canary_that_times_out_is_tried_again_and_admissions_go_on(monkeypatch):
     """A canary whose worker never answers (stopped mid-canary) ends at its deadline and is tried again. (In an e2e run
     a canary's asyncio.timeout, which the retry did not catch, ended the admission task for good: every later worker
-    stayed 'awaiting its admission canary'. router/admission.py now catches it and keeps the task alive.)"""
+    stayed 'awaiting its admission canary'. router/pd/admission.py now catches it and keeps the task alive.)"""
     monkeypatch.setattr(admission, "CANARY_TIMEOUT", 1.0)
     prefill, decode = FakeWorker(), FakeWorker(canary_stalls=1)
     with ServerThread(prefill.app()) as p, ServerThread(decode.app()) as d:

@@ -1,4 +1,4 @@
-"""One attempt alone (router/attempt.py), driven against fake workers through each way it can end: delivered, the
+"""One attempt alone (router/pd/attempt.py), driven against fake workers through each way it can end: delivered, the
 client gone, a half failed before or after the client's first byte, a deadline passed. After each: its outcome, and
 the books (in flight and prompt tokens back to 0, the breakers, the aborts each worker got, the metrics)."""
 
@@ -12,15 +12,16 @@ from contextlib import ExitStack
 
 import pytest
 
-from router.attempt import Attempt, AttemptState, Dispatcher
+from router.checks.validation import check_generate
 from router.config import RouterConfig
-from router.edge import Answer, StreamAnswer
-from router.failures import HalfFailed
+from router.fleet.discovery import static_workers
+from router.fleet.workers import WorkerPool
 from router.metrics import RouterMetrics
-from router.request import PdRequest
-from router.upstream import UpstreamClient
-from router.validation import check_generate
-from router.workers import WorkerPool
+from router.pd.attempt import Attempt, AttemptState, Dispatcher
+from router.pd.failures import HalfFailed
+from router.pd.request import PdRequest
+from router.transport.edge import Answer, StreamAnswer
+from router.transport.upstream import UpstreamClient
 from tests.fakes import Behaviour, FakeWorker, ServerThread
 
 
@@ -31,7 +32,7 @@ class Rig:
         self.config = RouterConfig(bootstrap_url=None, prefill=[{"url": prefill_url, "kv_bootstrap_port": 8999}],
                                    decode=[{"url": decode_url}], **config)
         self.pool = WorkerPool(admission_check=False)
-        self.pool.add_static(self.config.static_workers())
+        self.pool.add_static(static_workers(self.config))
         self.prefill, self.decode = self.pool.workers["static-prefill-0"], self.pool.workers["static-decode-0"]
         self.metrics = RouterMetrics(self.pool)
         self.background: set[asyncio.Future] = set()
@@ -77,7 +78,7 @@ def attempt_on(prefill: FakeWorker, decode: FakeWorker, body: dict, drive, **con
 
 
 async def relay(attempt: Attempt) -> list[bytes]:
-    """The client's side of a stream, to its end, as the edge pulls it (router/edge.py)."""
+    """The client's side of a stream, to its end, as the edge pulls it (router/transport/edge.py)."""
     answer = await attempt.answer()
     assert isinstance(answer, StreamAnswer)
     try:
@@ -171,7 +172,8 @@ def test_client_gone_both_halves_are_aborted_and_no_worker_is_blamed(when):
         assert isinstance(answer, StreamAnswer)
         if when == "mid-relay":
             assert b"data: {" in await anext(answer.chunks)
-        await answer.chunks.aclose()  # what the edge does whenever an answer ends (router/edge.py, _end_stream)
+        # what the edge does whenever an answer ends (router/transport/edge.py, _end_stream)
+        await answer.chunks.aclose()
         answer.close()
 
     attempt, _, rig = attempt_on(prefill, decode, STREAM, leave)
@@ -188,7 +190,7 @@ def test_client_gone_before_the_answer_started():
     async def cancelled(attempt: Attempt) -> None:
         task = asyncio.ensure_future(attempt.answer())
         await asyncio.sleep(0.3)
-        task.cancel()  # what the edge does when the client disconnects (router/edge.py)
+        task.cancel()  # what the edge does when the client disconnects (router/transport/edge.py)
         with pytest.raises(asyncio.CancelledError):
             await task
 

@@ -14,7 +14,7 @@ import pytest
 from sglang.benchmark import serving
 
 from pdcluster.http import ApiError
-from router.validation import check_chat, check_completion, check_generate
+from router.checks.validation import check_chat, check_completion, check_generate
 
 
 class _Captured(Exception):

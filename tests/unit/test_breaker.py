@@ -1,4 +1,4 @@
-from router.workers import BreakerState, CircuitBreaker
+from router.fleet.workers import BreakerState, CircuitBreaker
 
 
 class Clock:

@@ -4,13 +4,14 @@ saves; blind (no events) it routes as round robin, and without token ids as the 
 from __future__ import annotations
 
 from pdcluster.protocol import ModelIdentity, Role
-from router.cache_aware import CacheAware
-from router.kv_routed import RoutedPrompts
-from router.kv_wire import Stored
+from router.checks.checked import Checked
+from router.fleet.workers import Worker, WorkerPool
+from router.kv_routing.cache_aware import CacheAware
+from router.kv_routing.kv_routed import RoutedPrompts
+from router.kv_routing.kv_wire import Stored
 from router.metrics import RouterMetrics
-from router.pairing import make_policy
-from router.request import Checked, PdRequest
-from router.workers import Worker, WorkerPool
+from router.pd.pairing import make_policy
+from router.pd.request import PdRequest
 
 PAGE = 4
 IDENTITY = ModelIdentity(model_path="m", served_model_name="m", page_size=PAGE, kv_cache_dtype="auto",

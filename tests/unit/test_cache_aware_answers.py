@@ -13,11 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdcluster.protocol import KVEventsEndpoint, ModelIdentity, Role
 from router.app import create_app
+from router.checks.checked import Checked
 from router.config import RouterConfig
-from router.prompt_ids import BOUNDARY_TOKENS, MAX_CHARS, PromptTokens
-from router.request import Checked, PdRequest
-from router.upstream import UpstreamClient
-from router.workers import Worker, WorkerPool
+from router.fleet.workers import Worker, WorkerPool
+from router.kv_routing.prompt_ids import BOUNDARY_TOKENS, MAX_CHARS, PromptTokens
+from router.pd.request import PdRequest
+from router.transport.upstream import UpstreamClient
 from tests.fakes import Behaviour, FakeWorker, ServerThread, fake_ids
 from tests.helpers import until
 from tests.unit.kv_event_fakes import PAGE, FakePublisher, stored

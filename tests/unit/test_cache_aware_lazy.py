@@ -11,16 +11,16 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 from pdcluster.protocol import ModelIdentity, Role
-from router.cache_aware import CacheAware
-from router.kv_routed import RoutedPrompts
-from router.kv_wire import Stored
+from router.checks.validation import check_generate
+from router.fleet.workers import Worker, WorkerPool
+from router.kv_routing.cache_aware import CacheAware
+from router.kv_routing.kv_routed import RoutedPrompts
+from router.kv_routing.kv_wire import Stored
+from router.kv_routing.prompt_ids import MAX_CHARS
+from router.kv_routing.token_pieces import PIECE_CHARS, PieceTokenizer
 from router.metrics import RouterMetrics
-from router.pairing import make_policy
-from router.prompt_ids import MAX_CHARS
-from router.request import PdRequest
-from router.token_pieces import PIECE_CHARS, PieceTokenizer
-from router.validation import check_generate
-from router.workers import Worker, WorkerPool
+from router.pd.pairing import make_policy
+from router.pd.request import PdRequest
 
 IDENTITY = ModelIdentity(model_path="m", served_model_name="m", page_size=1, kv_cache_dtype="auto",
                          transfer_backend="mooncake")

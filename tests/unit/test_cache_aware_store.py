@@ -5,12 +5,12 @@ prefill keeps its store's credit; the same namespace on another disk is another 
 from __future__ import annotations
 
 from pdcluster.protocol import KVStoreMembership, Role, WorkerRegistration
-from router.cache_aware import CacheAware
-from router.kv_index import KvIndex
-from router.kv_routed import RoutedPrompts
-from router.kv_wire import Removed, Stored
-from router.pairing import make_policy
-from router.workers import Worker
+from router.fleet.workers import Worker
+from router.kv_routing.cache_aware import CacheAware
+from router.kv_routing.kv_index import KvIndex
+from router.kv_routing.kv_routed import RoutedPrompts
+from router.kv_routing.kv_wire import Removed, Stored
+from router.pd.pairing import make_policy
 from tests.unit.test_bootstrap_kv_secret import NS, kv_worker
 from tests.unit.test_cache_aware import IDENTITY, PAGE, PROMPT, request
 

@@ -1,7 +1,8 @@
 """An assistant's message as OpenAI's clients send it back in the history (openai-python's `message.model_dump()`,
 which LangChain and the agents SDKs call): OpenAI's fields that SGLang's types lack (refusal, annotations, audio,
 function_call) are accepted where harmless, sent as SGLang's field of their meaning where SGLang would drop what
-they say, and a 400 naming the field where they cannot be honoured (router/chat_checks.py's `assistant_fields`)."""
+they say, and a 400 naming the field where they cannot be honoured
+(router/checks/chat_checks.py's `assistant_fields`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from jsonschema import Draft202012Validator
 from openai.types.chat import ChatCompletionMessage
 
 from router import openapi
-from router.validation import check_chat
+from router.checks.validation import check_chat
 from tests.fakes import FakeWorker
 from tests.unit.test_pair_needs import CALL, WEATHER, refusal, router
 

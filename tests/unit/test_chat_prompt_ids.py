@@ -1,4 +1,5 @@
-"""A chat's token ids, rendered by the router (router/chat_template.py, router/prompt_ids.py), are the ones SGLang
+"""A chat's token ids, rendered by the router (router/kv_routing/chat_template.py, router/kv_routing/prompt_ids.py),
+are the ones SGLang
 makes: transformers' apply_chat_template(tokenize=True, add_generation_prompt=True) of the messages as SGLang hands
 them over (text parts joined by a space, a last assistant message made a user's, its tools dumped by its models).
 Anything the renderer does not follow is None, never an error."""
@@ -12,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from router.chat_template import MAX_CHAT_CHARS
-from router.prompt_ids import MAX_CHARS, PromptTokens
-from router.request import Checked, PdRequest
+from router.checks.checked import Checked
+from router.kv_routing.chat_template import MAX_CHAT_CHARS
+from router.kv_routing.prompt_ids import MAX_CHARS, PromptTokens
+from router.pd.request import PdRequest
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 SMOLLM2, TINY = MODELS / "smollm2-135m-instruct", MODELS / "tiny-llama"
@@ -176,10 +178,10 @@ def test_a_template_that_wants_tools_flat_is_tried_again_with_them(tmp_path: Pat
 def test_cache_aware_routes_a_chat_by_its_ids():
     needs(SMOLLM2)
     from pdcluster.protocol import ModelIdentity, Role
-    from router.cache_aware import CacheAware
-    from router.kv_wire import Stored
-    from router.pairing import make_policy
-    from router.workers import Worker
+    from router.fleet.workers import Worker
+    from router.kv_routing.cache_aware import CacheAware
+    from router.kv_routing.kv_wire import Stored
+    from router.pd.pairing import make_policy
 
     identity = ModelIdentity(model_path=str(SMOLLM2), served_model_name="m", page_size=4, kv_cache_dtype="auto",
                              transfer_backend="mooncake")

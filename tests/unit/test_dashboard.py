@@ -11,8 +11,8 @@ from pathlib import Path
 import sglang
 import yaml
 
+from router.fleet.workers import WorkerPool
 from router.metrics import RouterMetrics
-from router.workers import WorkerPool
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "pdcluster.json"

@@ -1,4 +1,4 @@
-"""Discovery (router/discovery.py): the router's pool follows the bootstrap service's registry."""
+"""Discovery (router/fleet/discovery.py): the router's pool follows the bootstrap service's registry."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def test_a_listing_from_a_newer_bootstrap_service_is_followed_for_what_this_rout
 
     from pdcluster.protocol import WorkerListing
     from router.config import RouterConfig
-    from router.discovery import follow_registry
-    from router.workers import WorkerPool
+    from router.fleet.discovery import follow_registry
+    from router.fleet.workers import WorkerPool
     from tests.fakes import ServerThread
     from tests.unit.test_bootstrap_service import registration
 

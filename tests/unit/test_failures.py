@@ -7,9 +7,9 @@ import json
 import pytest
 
 from pdcluster.protocol import Role
-from router.failures import DeadlinePassed, halves_to_abort, status_failure, transport_failure
-from router.upstream import ConnectFailed, ConnectionDropped, ReadTimeout
-from router.workers import Worker
+from router.fleet.workers import Worker
+from router.pd.failures import DeadlinePassed, halves_to_abort, status_failure, transport_failure
+from router.transport.upstream import ConnectFailed, ConnectionDropped, ReadTimeout
 
 DECODE = Worker("d", Role.DECODE, "http://10.0.0.2:30000")
 PREFILL = Worker("p", Role.PREFILL, "http://10.0.0.1:30000")

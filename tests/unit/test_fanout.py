@@ -1,4 +1,5 @@
-"""OpenAI's `n` through the router (router/fanout.py) against fake workers: n PD requests of the prompt, the first
+"""OpenAI's `n` through the router (router/openai/fanout.py) against fake workers: n PD requests of the prompt, the
+first
 alone, the others' decode halves at once and their prefill halves to its prefill once it answered, merged into one
 answer (choice indexes, one id, the usage of the prompt once), plain and streamed; one choice failing fails the answer
 cleanly and aborts the others; n bounded."""
@@ -14,8 +15,8 @@ import pytest
 
 from router.app import create_app
 from router.config import RouterConfig
-from router.openai_answer import merged_usage
-from router.pairing import preferred
+from router.openai.openai_answer import merged_usage
+from router.pd.pairing import preferred
 from tests.fakes import Behaviour, FakeWorker, ServerThread
 from tests.helpers import until
 from tests.unit.test_policies import workers

@@ -1,7 +1,7 @@
 """The inventory names every field of SGLang's request types, and docs/limits.md is what it says.
 
 When SGLang is upgraded and a request type gains or loses a field, these tests fail with the difference: the new
-field is refused by the router (unknown) until someone decides it in router/inventory/."""
+field is refused by the router (unknown) until someone decides it in router/checks/inventory/."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from sglang.srt.entrypoints.openai import protocol
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-from router.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision
-from router.inventory.__main__ import render
+from router.checks.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision
+from router.checks.inventory.__main__ import render
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def test_every_refusal_says_why():
 def test_docs_limits_is_generated_from_the_inventory():
     generated = render(version("sglang"))
     assert (REPO / "docs" / "limits.md").read_text() == generated, (
-        "docs/limits.md is stale: run `python -m router.inventory > docs/limits.md`")
+        "docs/limits.md is stale: run `python -m router.checks.inventory > docs/limits.md`")
 
 
 def test_the_errors_doc_names_only_fields_the_inventory_decides():

@@ -1,4 +1,5 @@
-"""The inventory applied (router/validation.py): every refused field on every route, unknown fields, nulls, and the
+"""The inventory applied (router/checks/validation.py): every refused field on every route, unknown fields, nulls, and
+the
 limits that bodies found to crash SGLang 0.5.23 now hit at the router. Each crash case names what it did to a real
 worker before (tests/e2e/test_trust_boundary.py sends the same bodies to a real cluster)."""
 
@@ -7,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from pdcluster.http import ApiError
-from router.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision
-from router.pairing import ModelLimits, check_for_pair
-from router.validation import check_chat, check_completion, check_generate
+from router.checks.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision
+from router.checks.validation import check_chat, check_completion, check_generate
+from router.pd.pairing import ModelLimits, check_for_pair
 
 LIMITS = ModelLimits(vocab_size=1000, context_length=64)
 CHAT_BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

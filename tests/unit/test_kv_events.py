@@ -12,11 +12,11 @@ from dataclasses import replace
 import zmq.asyncio
 
 from pdcluster.protocol import KVEventsEndpoint, KVStoreMembership, ModelIdentity, Role
-from router.kv_events import Subscription, follow_kv_events
-from router.kv_index import KvIndex
-from router.kv_wire import Stored
+from router.fleet.workers import Worker, WorkerPool
+from router.kv_routing.kv_events import Subscription, follow_kv_events
+from router.kv_routing.kv_index import KvIndex
+from router.kv_routing.kv_wire import Stored
 from router.metrics import RouterMetrics
-from router.workers import Worker, WorkerPool
 from tests.unit.kv_event_fakes import PAGE, FakePublisher, frames, stored
 
 TOKENS = list(range(100, 116))
@@ -176,12 +176,12 @@ def test_a_new_instance_drops_the_workers_entries_and_subscribes_again():
 
 
 def test_a_new_instance_is_not_credited_with_what_its_predecessor_was_sent():
-    """cache_aware counts a prompt it routed as held until the prefill's events tell (router/kv_routed.py); a
+    """cache_aware counts a prompt it routed as held until the prefill's events tell (router/kv_routing/kv_routed.py); a
     restarted prefill's memory is empty, so that credit goes with its old subscription."""
     async def scenario() -> None:
-        from router import kv_events
-        from router.cache_aware import CacheAware
-        from router.pairing import make_policy
+        from router.kv_routing import kv_events
+        from router.kv_routing.cache_aware import CacheAware
+        from router.pd.pairing import make_policy
 
         policy, pool = make_policy("cache_aware"), WorkerPool(admission_check=False)
         assert isinstance(policy, CacheAware)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from router.kv_index import KvIndex, WorkerIndex
-from router.kv_wire import Cleared, Malformed, Removed, Stored, decode
+from router.kv_routing.kv_index import KvIndex, WorkerIndex
+from router.kv_routing.kv_wire import Cleared, Malformed, Removed, Stored, decode
 from tests.unit.kv_event_fakes import PAGE, cleared, frames, positional_payload, removed, stored
 
 PROMPT = list(range(100, 116))  # 4 pages of PAGE tokens

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from router.kv_index import KvIndex
-from router.kv_keys import CHUNK, LazyIds
-from router.kv_wire import Removed, Stored
+from router.kv_routing.kv_index import KvIndex
+from router.kv_routing.kv_keys import CHUNK, LazyIds
+from router.kv_routing.kv_wire import Removed, Stored
 
 PROMPT = list(range(1000, 1100))  # 100 tokens: 6 chunks and 4 tokens at page size 1
 

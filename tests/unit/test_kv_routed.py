@@ -3,8 +3,8 @@ going first past the bound, and none of a worker that left."""
 
 from __future__ import annotations
 
-from router import kv_routed
-from router.kv_routed import RoutedPrompts, chunk_keys, chunk_tokens
+from router.kv_routing import kv_routed
+from router.kv_routing.kv_routed import RoutedPrompts, chunk_keys, chunk_tokens
 
 PROMPT = list(range(1, 101))
 

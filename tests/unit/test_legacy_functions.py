@@ -1,4 +1,4 @@
-"""OpenAI's deprecated function calling through the router (router/legacy_functions.py): `functions` and
+"""OpenAI's deprecated function calling through the router (router/openai/legacy_functions.py): `functions` and
 `function_call` are sent as tools and tool_choice, refused as tools are through a pair without a tool-call parser, and
 the answer comes back the legacy way, whole and streamed: the first call as `function_call`, finish_reason
 "function_call", no `tool_calls`."""
@@ -11,8 +11,8 @@ import httpx
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from router.inventory.rules import MAX_GRAMMAR_BYTES, PairLimit
-from router.validation import check_chat
+from router.checks.inventory.rules import MAX_GRAMMAR_BYTES, PairLimit
+from router.checks.validation import check_chat
 from tests.fakes import Behaviour, FakeWorker
 from tests.unit.test_fanout import events
 from tests.unit.test_pair_needs import WEATHER, chat, refusal, router

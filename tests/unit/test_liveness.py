@@ -1,4 +1,5 @@
-"""Liveness (router/liveness.py): a worker that stops answering, or whose scheduler is stuck (its /health waits while
+"""Liveness (router/fleet/liveness.py): a worker that stops answering, or whose scheduler is stuck (its /health waits
+while
 its load snapshot stands still), is judged hung within the thresholds and live again once it answers: the verdict,
 on a fake clock. Through the whole router, with fake workers: test_liveness_router.py."""
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 from pdcluster.protocol import Role
 from router.config import RouterConfig
-from router.liveness import (
+from router.fleet.liveness import (
     DEFAULT_SECONDS_PER_TOKEN,
     SAFETY,
     Liveness,
@@ -15,7 +16,7 @@ from router.liveness import (
     read_snapshot,
     silent_tokens,
 )
-from router.workers import Worker
+from router.fleet.workers import Worker
 
 CONFIG = RouterConfig(liveness_interval=1.0, liveness_timeout=5.0, stall_timeout=6.0)
 

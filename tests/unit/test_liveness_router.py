@@ -1,4 +1,4 @@
-"""Liveness through the whole router (router/liveness.py): fake workers that freeze like a SIGSTOPped SGLang, or
+"""Liveness through the whole router (router/fleet/liveness.py): fake workers that freeze like a SIGSTOPped SGLang, or
 whose scheduler stalls while their HTTP side answers, are ejected, the requests open on them end (retried before
 their first byte, an SSE error event after), and they are readmitted once they answer again. The verdict alone, on
 a fake clock: test_liveness.py."""
@@ -19,11 +19,12 @@ from fastapi import FastAPI, Request, Response
 from pdcluster.protocol import Role
 from router.app import create_app
 from router.config import RouterConfig
-from router.liveness import (
+from router.fleet.discovery import static_worker
+from router.fleet.liveness import (
     LivenessWatch,
     silent_tokens,
 )
-from router.workers import Worker, WorkerPool
+from router.fleet.workers import Worker, WorkerPool
 from tests.fakes import Behaviour, FakeWorker, ServerThread
 from tests.helpers import until
 
@@ -275,8 +276,9 @@ def test_time_the_router_itself_was_stalled_counts_against_no_worker():
 def test_a_static_prefill_gets_the_forward_pass_its_config_gives():
     from router.config import StaticWorker
 
-    listed = StaticWorker(url="http://127.0.0.1:1", kv_bootstrap_port=2, forward_tokens=4096).worker(Role.PREFILL, 0)
+    spec = StaticWorker(url="http://127.0.0.1:1", kv_bootstrap_port=2, forward_tokens=4096)
+    listed = static_worker(spec, Role.PREFILL, 0)
     assert silent_tokens(listed) == 4096
-    unknown = StaticWorker(url="http://127.0.0.1:1", kv_bootstrap_port=2).worker(Role.PREFILL, 0)
+    unknown = static_worker(StaticWorker(url="http://127.0.0.1:1", kv_bootstrap_port=2), Role.PREFILL, 0)
     unknown.pending_prompt_tokens = 12
     assert silent_tokens(unknown) == 12

@@ -6,8 +6,8 @@ import json
 import httpx
 import pytest
 
-from router import logprobs
-from router.request import wants_logprobs
+from router.pd import logprobs
+from router.pd.request import wants_logprobs
 from tests.fakes import Behaviour, FakeWorker
 from tests.unit.test_router_pd import cluster
 

@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from router.openai_answer import typed_metadata
+from router.openai.openai_answer import typed_metadata
 from tests.fakes import Behaviour, FakeWorker
 from tests.unit.test_router_pd import cluster
 

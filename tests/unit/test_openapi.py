@@ -22,8 +22,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from router.app import create_app
+from router.checks.inventory import TABLES, Decision
 from router.config import RouterConfig
-from router.inventory import TABLES, Decision
 from tests.fakes import FakeWorker, ServerThread
 
 PD_ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions"]

@@ -1,6 +1,6 @@
 """Tool calling and seeds: accepted only through a pair whose two workers run what they need (a tool-call parser, the
 same on both; SGLang's deterministic inference), a 400 naming the field and what is missing otherwise; and the
-bounds of the tool-calling fields (router/chat_checks.py, router/inventory/openai.py)."""
+bounds of the tool-calling fields (router/checks/chat_checks.py, router/checks/inventory/openai.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import pytest
 from pdcluster.http import ApiError
 from pdcluster.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration, WorkerStatus
 from router.app import create_app
+from router.checks.inventory.rules import MAX_GRAMMAR_BYTES, PairLimit
+from router.checks.validation import check_chat, check_completion, check_generate
 from router.config import RouterConfig
-from router.inventory.rules import MAX_GRAMMAR_BYTES, PairLimit
-from router.pairing import ModelLimits, check_for_pair, pair_limits
-from router.validation import check_chat, check_completion, check_generate
-from router.workers import Worker, WorkerPool
+from router.fleet.discovery import static_workers
+from router.fleet.workers import Worker, WorkerPool
+from router.pd.pairing import ModelLimits, check_for_pair, pair_limits
 from tests.fakes import FakeWorker, ServerThread
 
 
@@ -218,7 +219,7 @@ def test_the_router_sends_tool_calling_to_a_pair_with_a_parser_and_refuses_it_ot
 def test_a_static_workers_capabilities_are_its_configs():
     config = RouterConfig(bootstrap_url=None, decode=[{"url": "http://127.0.0.1:1", "tool_call_parser": "hermes",
                                                         "deterministic_inference": True}])
-    assert config.static_workers()[0].capabilities == WorkerCapabilities(tool_call_parser="hermes",
+    assert static_workers(config)[0].capabilities == WorkerCapabilities(tool_call_parser="hermes",
                                                                          deterministic_inference=True)
 
 

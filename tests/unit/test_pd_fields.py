@@ -5,8 +5,9 @@ from pydantic import ValidationError
 
 from pdcluster.protocol import Role
 from router.config import RouterConfig
-from router.request import add_pd_fields, new_rid
-from router.workers import Worker
+from router.fleet.discovery import static_worker
+from router.fleet.workers import Worker
+from router.pd.request import add_pd_fields, new_rid
 
 PREFILL = Worker("p", Role.PREFILL, "http://10.0.0.1:30000", kv_bootstrap_host="10.0.0.1",
                  kv_bootstrap_port=8999)
@@ -53,7 +54,7 @@ def test_rooms_differ_between_requests():
 def test_a_static_prefills_kv_bootstrap_server_is_what_sglang_gets():
     spec = {"url": "http://10.0.0.1:30000", "kv_bootstrap_host": "10.0.0.9", "kv_bootstrap_port": 8999}
     config = RouterConfig(bootstrap_url=None, prefill=[spec])
-    prefill = config.prefill[0].worker(Role.PREFILL, 0)
+    prefill = static_worker(config.prefill[0], Role.PREFILL, 0)
     body = {"text": "hi"}
     add_pd_fields(body, prefill, None)
     assert (body["bootstrap_host"], body["bootstrap_port"]) == ("10.0.0.9", 8999)

@@ -4,10 +4,11 @@ import pytest
 
 from pdcluster.http import ApiError
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
+from router.checks.checked import Checked
 from router.config import POLICIES
-from router.pairing import REGISTRY, Pairing, make_policy
-from router.request import Checked, PdRequest
-from router.workers import CircuitBreaker, Worker, WorkerPool
+from router.fleet.workers import CircuitBreaker, Worker, WorkerPool
+from router.pd.pairing import REGISTRY, Pairing, make_policy
+from router.pd.request import PdRequest
 
 NO_PROMPT = ""
 
@@ -32,7 +33,7 @@ def test_round_robin_cycles_in_order():
 
 
 def test_random_is_reproducible_with_a_seed_and_uses_every_worker():
-    from router.pairing import RandomChoice
+    from router.pd.pairing import RandomChoice
 
     pool = workers(0, 0, 0)
     a, b = RandomChoice(seed=7), RandomChoice(seed=7)

@@ -1,6 +1,7 @@
 """Reasoning models through the router: the answer's `reasoning_content` (what the decode's reasoning parser split
 off) reaches the client as the decode wrote it, whole or streamed, one choice or n; the request fields SGLang reads
-for reasoning reach both workers as sent, typed, and a 400 names any other (router/inventory/openai.py); a request
+for reasoning reach both workers as sent, typed, and a 400 names any other (router/checks/inventory/openai.py); a
+request
 that needs the reasoning parser passes only a pair whose two workers run the same one. The workers' parser itself:
 tests/unit/test_worker_capabilities.py."""
 
@@ -15,9 +16,10 @@ import pytest
 
 from pdcluster.protocol import WorkerCapabilities
 from router.app import create_app
+from router.checks.validation import check_chat
 from router.config import RouterConfig
-from router.pairing import check_for_pair
-from router.validation import check_chat
+from router.fleet.discovery import static_workers
+from router.pd.pairing import check_for_pair
 from tests.fakes import Behaviour, FakeWorker, ServerThread
 from tests.unit.test_fanout import CHAT, MESSAGES, cluster, events
 from tests.unit.test_pair_needs import NONE, limits, refusal
@@ -162,7 +164,7 @@ def test_the_router_answers_a_pair_that_disagrees_on_its_reasoning_parser_with_a
 
 def test_a_static_worker_declares_its_reasoning_parser():
     config = RouterConfig(bootstrap_url=None, decode=[{"url": "http://127.0.0.1:1", "reasoning_parser": "qwen3"}])
-    assert config.static_workers()[0].capabilities == QWEN3
+    assert static_workers(config)[0].capabilities == QWEN3
 
 
 EFFORTS = ["none", "minimal", "low", "medium", "high"]

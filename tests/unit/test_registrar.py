@@ -121,7 +121,8 @@ def sglang_server_info(info: dict | None) -> FastAPI:
 
 def test_the_kv_pool_sglang_sized_is_registered_and_a_decode_short_of_its_context_says_what_it_refuses(caplog):
     """The decode's pool (4352 tokens, as on a machine short of RAM) and reserve come from SGLang's /server_info;
-    the registration carries them, and its prompt budget is what pairing keeps longer prompts from (router/kv_fit.py):
+    the registration carries them, and its prompt budget is what pairing keeps longer prompts from
+    (router/pd/kv_fit.py):
     the pool, less the reserve and the allocator's page, in whole pages."""
     from tests.unit.test_bootstrap_service import registration
 
@@ -160,7 +161,7 @@ def test_a_kv_pool_sglang_does_not_report_is_unknown_and_the_worker_registers_al
     ({"chunked_prefill_size": None}, None, None),  # SGLang does not say: unknown
 ])
 def test_the_largest_forward_pass_is_read_from_sglang(info, context, expected):
-    """What the router allows a silent prefill (router/liveness.py): one forward pass of this many tokens."""
+    """What the router allows a silent prefill (router/fleet/liveness.py): one forward pass of this many tokens."""
     assert forward_tokens(info, context) == expected
 
 

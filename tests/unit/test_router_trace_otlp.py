@@ -1,4 +1,4 @@
-"""The exporter process's OTLP (router/trace_otlp.py): records encoded straight to an ExportTraceServiceRequest are
+"""The exporter process's OTLP (router/tracing/otlp.py): records encoded straight to an ExportTraceServiceRequest are
 the message the SDK's own encoder makes of the SDK's spans converted from them, for every kind of record the router
 makes (a root, a client's remote parent with its tracestate, an error, an event, a batch's list of rooms) and under
 attribute limits."""
@@ -8,7 +8,8 @@ from __future__ import annotations
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from router import trace_otlp, tracing
+from router.tracing import otlp as trace_otlp
+from router.tracing import spans as tracing
 
 TRACE = 0x0AF7651916CD43DD8448EB211C80319C
 

@@ -1,4 +1,4 @@
-"""Where the router's span records go (router/trace_export.py): a pipe the router never waits on, whose full buffer
+"""Where the router's span records go (router/tracing/export.py): a pipe the router never waits on, whose full buffer
 costs a counted batch, never a request's time, and never leaves half a batch in the stream; an exporter process that
 ends with the router's end of the pipe, the router dying included; and a request the sampler leaves out, which makes
 no record at all; nor does a traced one make the SDK's spans in the router."""
@@ -22,7 +22,8 @@ from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from router import trace_export, tracing
+from router.tracing import export as trace_export
+from router.tracing import spans as tracing
 from tests.fakes import FakeWorker
 from tests.helpers import free_port, until
 from tests.unit.test_router_pd import cluster
@@ -100,7 +101,7 @@ def gone(pid: int) -> bool:
 def test_the_exporter_process_ends_with_the_routers_end_of_the_pipe(how):
     """A router (here a bare process holding an ExporterProcess) whose end of the pipe closes, or that is killed:
     its exporter process ends by itself; it holds no span, so it ends at once."""
-    script = ("import os, sys, time; from router.trace_export import ExporterProcess\n"
+    script = ("import os, sys, time; from router.tracing.export import ExporterProcess\n"
               "sink = ExporterProcess(print); print(sink.process.pid, flush=True)\n"
               f"{'sink.writer.close()' if how == 'closed' else ''}\n"
               "time.sleep(60)\n")

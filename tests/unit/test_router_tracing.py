@@ -1,4 +1,5 @@
-"""The router's spans (router/tracing.py) against fake workers: one request is a server span, an attempt span and a
+"""The router's spans (router/tracing/spans.py) against fake workers: one request is a server span, an attempt span and
+a
 span per leg, with the pair, the bootstrap room and the outcome; each leg's request carries its own `traceparent` of
 the same trace; a retry is a second attempt span with the reason; the router's log lines about a request carry its
 trace and span ids; tracing off makes no span, sends no header and leaves the log lines as they were."""
@@ -18,8 +19,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from pdcluster import otel
 from pdcluster.logs import JsonLineFormatter
-from router import trace_export, trace_otlp, tracing
 from router.config import RouterConfig
+from router.tracing import export as trace_export
+from router.tracing import otlp as trace_otlp
+from router.tracing import spans as tracing
 from tests.fakes import Behaviour, FakeWorker
 from tests.helpers import until
 from tests.unit.test_router_pd import cluster

@@ -24,8 +24,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.datastructures import Headers
 
 from pdcluster.protocol import Role
-from router import health, tracing
 from router.config import RouterConfig, StaticWorker
+from router.fleet import health
+from router.fleet.discovery import static_worker
+from router.tracing import spans as tracing
 from tests.fakes import Behaviour, FakeWorker
 from tests.unit.test_router_pd import cluster
 from tests.unit.test_router_tracing import finished, spans  # noqa: F401 - the fixture, shared by import
@@ -108,7 +110,7 @@ def probe_headers(traced: bool) -> list[httpx.Headers]:
         seen.append(request.headers)
         return httpx.Response(200)
 
-    worker = StaticWorker(url="http://decode:1").worker(Role.DECODE, 0)
+    worker = static_worker(StaticWorker(url="http://decode:1"), Role.DECODE, 0)
 
     async def probe_twice() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:

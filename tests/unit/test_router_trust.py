@@ -15,7 +15,7 @@ import pytest
 from pdcluster.protocol import Role
 from router.app import create_app
 from router.config import RouterConfig
-from router.workers import CircuitBreaker, Worker, WorkerPool
+from router.fleet.workers import CircuitBreaker, Worker, WorkerPool
 from tests.fakes import Behaviour, FakeWorker, ServerThread
 from tests.helpers import until
 from tests.unit.test_router_pd import metric

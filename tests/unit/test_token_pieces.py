@@ -10,8 +10,8 @@ import pytest
 from tokenizers import Tokenizer, processors
 
 from bench.routing_report import WORDS
-from router import token_pieces
-from router.token_pieces import PIECE_CHARS, SAMPLE, PieceTokenizer, pieces
+from router.kv_routing import token_pieces
+from router.kv_routing.token_pieces import PIECE_CHARS, SAMPLE, PieceTokenizer, pieces
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 FOLDERS = [MODELS / "smollm2-135m-instruct", MODELS / "tiny-llama"]

@@ -1,4 +1,4 @@
-"""The data plane's HTTP client (router/upstream.py) against scripted raw HTTP servers on loopback: its API.
+"""The data plane's HTTP client (router/transport/upstream.py) against scripted raw HTTP servers on loopback: its API.
 How it stands up to a misbehaving worker, next to aiohttp: test_upstream_adversarial.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from router.upstream import ConnectFailed, ConnectionDropped, ReadTimeout, UpstreamClient
+from router.transport.upstream import ConnectFailed, ConnectionDropped, ReadTimeout, UpstreamClient
 from tests.adversarial_server import CLOSE, HANG, RawServer, follow_up_body, head, pattern, with_length
 
 MiB = 1 << 20

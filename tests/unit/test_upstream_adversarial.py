@@ -1,4 +1,4 @@
-"""The data plane's HTTP client (router/upstream.py) against a worker that misbehaves at the byte level.
+"""The data plane's HTTP client (router/transport/upstream.py) against a worker that misbehaves at the byte level.
 
 Every case runs against two clients through one small adapter (tests/upstream_clients.py): ours, and aiohttp's
 ClientSession, whose passing proves the case itself right (a case aiohttp cannot pass says so, with why). Ours also

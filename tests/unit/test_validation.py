@@ -3,10 +3,10 @@
 import pytest
 
 from pdcluster.http import ApiError
-from router.pairing import ModelLimits, check_for_pair
-from router.request import HINT_CHARS
+from router.checks.checked import HINT_CHARS
+from router.checks.validation import check_chat, check_completion, check_generate, may_vanish
+from router.pd.pairing import ModelLimits, check_for_pair
 from router.service import client_request_id
-from router.validation import check_chat, check_completion, check_generate, may_vanish
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_valid_generate_bodies_pass_and_report_batches():
         (check_completion, {"model": "m"}, "prompt"),
         (check_completion, {"model": "m", "prompt": "a", "max_tokens": -1}, "max_tokens"),
         (check_completion, {"model": "m", "prompt": "a", "top_p": 2}, "top_p"),
-        (check_completion, {"model": "m", "prompt": "a", "n": 65}, "n"),  # router/fanout.py serves 2 to max_n
+        (check_completion, {"model": "m", "prompt": "a", "n": 65}, "n"),  # router/openai/fanout.py serves 2 to max_n
         (check_chat, {"model": "m", "messages": []}, "messages"),
         (check_chat, {"model": "m", "messages": [{"content": "hi"}]}, "messages[0].role"),
         (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),

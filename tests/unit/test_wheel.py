@@ -88,7 +88,7 @@ def test_the_wheel_has_the_cpu_shim_inside_pdcluster_and_no_top_level_sgl_kernel
     names = zipfile.ZipFile(installed.wheel).namelist()
     assert "pdcluster/cpu_shim/sgl_kernel/__init__.py" in names
     assert not [n for n in names if n.startswith("sgl_kernel/")], "the stand-in must not shadow the real sgl_kernel"
-    for package in ("router/inventory/", "prefill/", "decode/", "bootstrap/"):
+    for package in ("router/checks/inventory/", "prefill/", "decode/", "bootstrap/"):
         assert any(n.startswith(package) for n in names), package
 
 
@@ -96,9 +96,9 @@ IMPORTS = r"""
 import json, sys
 import pdcluster.local, pdcluster.worker.cli, pdcluster.worker.plan, pdcluster.kvstore.cli
 launcher_imports_roles = sorted(m for m in ("prefill", "decode", "router", "bootstrap") if m in sys.modules)
-import bootstrap.app, decode.plan, prefill.plan, router.app, router.inventory, router.pairing
+import bootstrap.app, decode.plan, prefill.plan, router.app, router.checks.inventory, router.pd.pairing
 print(json.dumps({"files": {m.__name__: m.__file__ for m in (pdcluster, bootstrap, decode, prefill, router,
-                                                              router.inventory, router.pairing)},
+                                                              router.checks.inventory, router.pd.pairing)},
                   "launcher_imports_roles": launcher_imports_roles}))
 """
 

@@ -11,7 +11,7 @@ import pytest
 
 from router.app import create_app
 from router.config import RouterConfig
-from router.failures import clean_reason, worker_reason
+from router.pd.failures import clean_reason, worker_reason
 from router.service import PdService
 from tests.fakes import Behaviour, FakeWorker, ServerThread
 from tests.unit.test_router_pd import cluster

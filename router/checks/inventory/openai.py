@@ -1,0 +1,277 @@
+"""The OpenAI API: every field of SGLang's `ChatCompletionRequest` and `CompletionRequest`
+(sglang/srt/entrypoints/openai/protocol.py), and of a chat message, decided. Sampling fields shared with the native
+API take the native rule, so that one value is judged one way on every route."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from router.checks.inventory.native import (
+    CACHE_KEY,
+    DP,
+    MULTIMODAL,
+    REASONING,
+    ROUTER_PD,
+    SAMPLING,
+    Prompts,
+)
+from router.checks.inventory.rules import (
+    MAX_MESSAGES,
+    MAX_NAME_CHARS,
+    MAX_TOOL_TEXT,
+    MAX_TOOLS,
+    Choices,
+    ClientId,
+    Count,
+    Flag,
+    Name,
+    One,
+    OnlyFalse,
+    PairLimit,
+    PositiveCount,
+    Rule,
+    Seed,
+    Temperature,
+    Text,
+    TopLogprobs,
+    bounded,
+    ignored,
+    mapped,
+    passed,
+    refused,
+    router,
+)
+
+REASONING_SPLIT = "true: split by the decode's parser"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ThinkingSwitches(_Strict):
+    """The two names SGLang's reasoning code reads a template's switch by (serving_chat.py's
+    `_get_reasoning_toggle_param`): a boolean reaches the template as one variable more, which breaks none."""
+
+    enable_thinking: bool | None = None
+    thinking: bool | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class JsonSchemaFormat(_Strict):
+    name: Name
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+# OpenAI's metadata: at most 16 pairs, keys of 64 characters, values of 512.
+Metadata = Annotated[dict[Annotated[StrictStr, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
+                     Field(max_length=16)]
+OPENAI_SERVICE = "OpenAI's own service; nothing here acts on it"
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+Content = Text | Annotated[list[TextPart], Field(min_length=1)]
+
+# Tool calling, as OpenAI's API has it (function tools only). A function's name follows OpenAI's rule; its parameters
+# schema is a grammar once tool_choice is required or named, checked as one (router/chat_tools.py).
+ToolName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+ToolText = Annotated[StrictStr, Field(max_length=MAX_TOOL_TEXT)]
+CallId = Annotated[StrictStr, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+
+
+class ToolFunction(_Strict):
+    name: ToolName
+    description: ToolText | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class FunctionName(_Strict):
+    name: ToolName
+
+
+class NamedTool(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+class CalledFunction(_Strict):
+    name: ToolName
+    arguments: ToolText  # a JSON object, as text
+
+
+class ToolCall(_Strict):
+    id: CallId
+    type: Literal["function"] = "function"
+    function: CalledFunction
+    index: Annotated[StrictInt, Field(ge=0, lt=MAX_TOOLS)] | None = None
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedTool
+
+# A chat message. Non-text parts are refused with the fields that need them. OpenAI's own fields of an assistant
+# message are those its clients send back as they got them (openai-python's `message.model_dump()`): SGLang drops
+# them, so each is decided as what it meant (router/checks/chat_checks.py's `assistant_fields`).
+MESSAGE: dict[str, Rule] = {
+    "role": bounded("system, user, assistant, developer, tool; function (deprecated): sent as a tool message "
+                    "answering the function_call before it",
+                    Literal["system", "user", "assistant", "developer", "tool", "function"]),
+    "content": bounded("text, or a list of text parts (or none beside tool_calls)", Content),
+    "name": passed("", Name | None),
+    "tool_calls": bounded(f"an assistant's: at most {MAX_TOOLS}, arguments a JSON object as text",
+                          Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
+    "tool_call_id": bounded("a tool message's: the call it answers", CallId, PairLimit.TOOL_PARSER),
+    "function_call": mapped("deprecated: sent as the assistant's one tool call, id function_call_1 in messages[1]",
+                            CalledFunction, PairLimit.TOOL_PARSER),
+    "refusal": mapped("sent as the content of an assistant's turn without one, else left out", StrictStr),
+    "reasoning_content": passed("an assistant's, as SGLang's reasoning parser answered it", StrictStr,
+                                PairLimit.REASONING_PARSER),
+    "annotations": ignored("an assistant's citations: no template renders them", list[dict[str, Any]]),
+    "audio": refused("an audio answer OpenAI keeps by id: a text model has none; send its transcript as content"),
+    "tools": refused("one model family's: use the request's tools"),
+    "phase": refused(REASONING),
+    "prefix": refused("continues a message the model wrote: use continue_final_message"),
+}
+
+# Fields both OpenAI routes share, with the native rule of the same meaning.
+COMMON: dict[str, Rule] = {
+    "model": passed("the served model's name (SGLang answers for its own model whatever the name)", Name | None),
+    "frequency_penalty": SAMPLING["frequency_penalty"],
+    "presence_penalty": SAMPLING["presence_penalty"],
+    "logit_bias": SAMPLING["logit_bias"],
+    "n": bounded("one PD request per choice, the first's cached prompt reused; at most the router's max_n (8 by "
+                 "default)", Choices | None),
+    "stop": SAMPLING["stop"],
+    "stream": passed("", Flag),
+    "stream_options": passed("include_usage, continuous_usage_stats", StreamOptions | None),
+    "temperature": bounded("finite, >= 0", Temperature | None),
+    "top_p": SAMPLING["top_p"],
+    "top_k": SAMPLING["top_k"],
+    "min_p": SAMPLING["min_p"],
+    "min_tokens": bounded("as min_new_tokens", Count | None, PairLimit.TOKENS),
+    "max_tokens": bounded("as max_new_tokens", Count | None, PairLimit.TOKENS),
+    "repetition_penalty": SAMPLING["repetition_penalty"],
+    "stop_token_ids": SAMPLING["stop_token_ids"],
+    "stop_regex": SAMPLING["stop_regex"],
+    "no_stop_trim": SAMPLING["no_stop_trim"],
+    "ignore_eos": SAMPLING["ignore_eos"],
+    "skip_special_tokens": SAMPLING["skip_special_tokens"],
+    "regex": SAMPLING["regex"],
+    "ebnf": SAMPLING["ebnf"],
+    "seed": bounded("as sampling_seed", Seed | None, PairLimit.DETERMINISTIC),
+    "user": passed("an end-user id, logged by nobody", Name | None),
+    "response_format": bounded("text, json_object, or json_schema (a grammar)", ResponseFormat | None),
+    "rid": router("the client's id, logged; SGLang gets a fresh id of the router's", ClientId | None),
+    "return_token_ids": passed("", Flag),
+    "return_cached_tokens_details": passed("", Flag),
+    "return_spec_tokens_details": refused("speculative decoding internals", default=False),
+    "return_hidden_states": refused("needs --enable-return-hidden-states on both workers; large answers",
+                                    default=False),
+    "return_routed_experts": refused("mixture-of-experts internals", default=False),
+    "routed_experts_start_len": refused("mixture-of-experts internals", default=0),
+    "custom_params": SAMPLING["custom_params"],
+    "custom_logit_processor": refused("serialized Python code run on the worker"),
+    "watermark": SAMPLING["watermark"],
+    "lora_path": refused("no LoRA adapters are served, and a path names a file on the worker"),
+    "session_id": refused("sessions keep state on one worker; a PD pair is chosen per request"),
+    "session_params": refused("sessions keep state on one worker; a PD pair is chosen per request"),
+    "images_config": refused(MULTIMODAL),
+    "mm_processor_kwargs": refused(MULTIMODAL),
+    "bootstrap_host": refused(ROUTER_PD),
+    "bootstrap_port": refused(ROUTER_PD),
+    "bootstrap_room": refused(ROUTER_PD),
+    "routed_dp_rank": refused(DP),
+    "data_parallel_rank": refused(DP),
+    "disagg_prefill_dp_rank": refused(DP),
+    "extra_key": refused(CACHE_KEY),
+    "cache_salt": refused(CACHE_KEY),
+    "priority": refused("a client must not choose its own priority (and it needs priority scheduling on)"),
+}
+
+CHAT: dict[str, Rule] = {
+    **COMMON,
+    "messages": bounded("1 to 1024 messages, each as in the message table", Annotated[
+        list[dict[str, Any]], Field(min_length=1, max_length=MAX_MESSAGES)]),
+    "logprobs": passed("", Flag),
+    "top_logprobs": bounded("0 to 20, as OpenAI's", TopLogprobs | None),
+    "max_completion_tokens": bounded("as max_new_tokens", Count | None, PairLimit.TOKENS),
+    "continue_final_message": passed("the answer continues the last (assistant) message", Flag),
+    "return_prompt_token_ids": passed("", Flag),
+    "return_meta_info": passed("", Flag),
+    "return_input_ids_in_sglext": passed("", Flag),
+    "return_output_ids_in_sglext": passed("", Flag),
+    "separate_reasoning": passed(REASONING_SPLIT, Flag, PairLimit.REASONING_PARSER),
+    "stream_reasoning": passed(REASONING_SPLIT, Flag, PairLimit.REASONING_PARSER),
+    "tools": bounded(f"at most {MAX_TOOLS} functions; their parameters schemas together are a grammar",
+                     Annotated[list[Tool], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
+    "tool_choice": bounded("none, auto, required or a named function (of tools)", ToolChoice),
+    "parallel_tool_calls": passed("", Flag),
+    "functions": mapped("deprecated tools; answered as function_call",
+                        Annotated[list[ToolFunction], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
+    "function_call": mapped("deprecated tool_choice", Literal["none", "auto"] | FunctionName),
+    # Fields today's OpenAI clients send that SGLang does not know: accepted, and never sent on.
+    "store": ignored(OPENAI_SERVICE + " (nothing is stored)", Flag | None),
+    "metadata": ignored(OPENAI_SERVICE + " (tags for OpenAI's stored completions)", Metadata | None),
+    "service_tier": ignored(OPENAI_SERVICE + " (one tier)",
+                            Literal["auto", "default", "flex", "scale", "priority"] | None),
+    "prompt_cache_key": ignored("OpenAI's hint for its cache; the router's policy decides, and a client's key never"
+                                " steers another client's request", Name | None),
+    "safety_identifier": ignored(OPENAI_SERVICE + " (an end-user id for its abuse checks)", Name | None),
+    "verbosity": ignored("a setting of OpenAI's reasoning models", Literal["low", "medium", "high"] | None),
+    "chat_template_kwargs": bounded("only SGLang's reasoning switches, enable_thinking and thinking, as booleans: "
+                                    "other values reached the template engine and failed there",
+                                    ThinkingSwitches | None, PairLimit.REASONING_PARSER),
+    "reasoning_effort": bounded("none, minimal, low, medium or high",
+                                Literal["none", "minimal", "low", "medium", "high"] | None, PairLimit.REASONING_EFFORT),
+    "thinking": refused(REASONING + "; it reaches the chat template"),
+    "task": refused("a task tag of one model family's chat template"),
+    "return_sampling_mask": refused("per-token sampling support: large answers the router does not merge",
+                                    default=False),
+    "sampling_logprobs_mode": refused("per-token sampling support: large answers the router does not merge"),
+    "return_flat_raw_output_top_logprobs": refused("another logprob layout", default=False),
+    "return_flat_raw_top_logprobs_b64": refused("another logprob layout", default=True),
+    "input_ids": refused("a chat is its messages: send token ids to /v1/completions or /generate"),
+    "max_dynamic_patch": refused(MULTIMODAL),
+    "min_dynamic_patch": refused(MULTIMODAL),
+    "use_audio_in_video": refused(MULTIMODAL, default=False),
+    "video_config": refused(MULTIMODAL),
+}
+
+COMPLETION: dict[str, Rule] = {
+    **COMMON,
+    # Shape: text, a batch of texts, token ids or a batch of them; ids are checked against the pair.
+    "prompt": bounded("text, texts, or token ids in the vocabulary", Text | Prompts | Annotated[
+        list[Any], Field(min_length=1, max_length=2**24)], PairLimit.TOKEN_IDS),
+    "best_of": bounded("1 only: every choice is returned", One | None),
+    "echo": bounded("false only: the prompt's logprobs are the prefill's, which this route does not merge",
+                    OnlyFalse),
+    "logprobs": bounded("0 to 20 top logprobs per token; text_offset counts from the completion's start",
+                        TopLogprobs | None),
+    "max_tokens": bounded("as max_new_tokens, at least 1 (SGLang's completions refuse 0)", PositiveCount | None,
+                          PairLimit.TOKENS),
+    "suffix": refused("insertion (fill in the middle) is not supported by SGLang"),
+    "json_schema": SAMPLING["json_schema"],
+    "custom_labels": refused("metric labels chosen by clients would grow the workers' metrics without bound"),
+}

@@ -1,0 +1,94 @@
+"""An OpenAI answer as OpenAI types it, made once the answer is in (router/service.py): every whole answer's
+`metadata`, the `text_offset` of /v1/completions' logprobs, whole or streamed (router/pd/logprobs.py fills them), and
+the answer to the deprecated `functions` as their clients read it (router/openai/legacy_functions.py), whole or
+streamed.
+
+SGLang puts `metadata: {"weight_version": ..., "weight_versions": [...]}` in every whole chat and completions answer,
+where OpenAI's `metadata` is a map of strings: a strictly typed client fails to decode such an answer. The values
+stay, as strings (a list as its JSON text). And n choices' answers merged into one (router/openai/fanout.py)."""
+
+from __future__ import annotations
+
+import json  # as SGLang wrote the answer: logprobs may be -Infinity, which json reads and writes back, orjson not
+from typing import Any
+
+from router.openai import legacy_functions
+from router.pd import logprobs
+from router.transport.edge import Answer, StreamAnswer
+
+
+def shaped(answer: Answer | StreamAnswer, route: str, body: dict[str, Any],
+           legacy: bool = False) -> Answer | StreamAnswer:
+    """The answer of an OpenAI route (`body`: the request's; `legacy`: a chat that gave `functions`) as the client
+    gets it."""
+    offsets = route == "/v1/completions" and body.get("logprobs") is not None
+    if isinstance(answer, StreamAnswer):
+        if offsets:
+            answer.chunks = logprobs.stream_text_offsets(answer.chunks)
+        if legacy:
+            answer.chunks = legacy_functions.stream(answer.chunks)
+    elif offsets or legacy or b'"metadata"' in answer.body:
+        answer.body = whole(answer.body, offsets, legacy)
+    return answer
+
+
+def typed_metadata(payload: bytes) -> bytes:
+    """The whole answer with its top-level `metadata` values made strings; any other answer unchanged."""
+    return whole(payload, offsets=False)
+
+
+def whole(payload: bytes, offsets: bool, legacy: bool = False) -> bytes:
+    """A whole answer with its metadata typed, (`offsets`) its text offsets filled and (`legacy`) its calls written
+    the legacy way; unchanged, the same bytes."""
+    try:
+        answer: Any = json.loads(payload)
+    except ValueError:
+        return payload
+    changed = offsets and logprobs.fill_text_offsets(answer, {})
+    changed = (legacy and legacy_functions.whole(answer)) or changed
+    metadata = answer.get("metadata") if isinstance(answer, dict) else None
+    if isinstance(metadata, dict) and not all(isinstance(v, str) for v in metadata.values()):
+        answer["metadata"] = {str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+                              for k, v in metadata.items()}
+        changed = True
+    return json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode() if changed else payload
+
+
+def number(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def dumps(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def merged_usage(usages: list[dict]) -> dict:
+    """The usage of n choices: the prompt once (the first's count and details: they share the prompt), the
+    completions of all; total = prompt + completions, as OpenAI counts them."""
+    merged = dict(usages[0])
+    completion = sum(number(u.get("completion_tokens")) for u in usages)
+    merged["completion_tokens"] = completion
+    merged["total_tokens"] = number(merged.get("prompt_tokens")) + completion
+    if any(number(u.get("reasoning_tokens")) for u in usages):
+        merged["reasoning_tokens"] = sum(number(u.get("reasoning_tokens")) for u in usages)
+    details = [d for u in usages if isinstance(d := u.get("completion_tokens_details"), dict)]
+    if details:
+        merged["completion_tokens_details"] = {key: sum(number(d.get(key)) for d in details)
+                                               for key in dict.fromkeys(k for d in details for k in d)}
+    return merged
+
+
+def merged_answer(payloads: list[bytes], n: int, answer_id: str) -> bytes:
+    """Whole answers of n choices (each answer a choice, or k for k prompts) as one: the first's, with every choice
+    indexed, `answer_id` and the usage merged."""
+    answers = [json.loads(payload) for payload in payloads]
+    choices = []
+    for index, answer in enumerate(answers):
+        for choice in answer["choices"]:
+            choice["index"] = number(choice.get("index")) * n + index
+            choices.append(choice)
+    merged = answers[0]
+    merged["id"], merged["choices"] = answer_id, sorted(choices, key=lambda choice: choice["index"])
+    if all(isinstance(answer.get("usage"), dict) for answer in answers):
+        merged["usage"] = merged_usage([answer["usage"] for answer in answers])
+    return dumps(merged)

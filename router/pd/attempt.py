@@ -1,0 +1,300 @@
+"""One attempt of a request on one PD pair, from sending its halves to its end, and the single owner of all it holds (as
+nano-vllm's `Sequence` is one scheduler's); with what every attempt shares (`Dispatcher`) and the prefill's half
+(`PrefillHalf`). Both halves get the same body at once (router/transport/upstream.py); the client gets the decode's
+answer, relayed chunk by chunk if it is a stream. Its life is its `state`: SENT, ANSWERING, then one of five endings. It
+holds the pair's books (in flight on both workers, each breaker's trial), the prefill half, the decode's response and a
+stream's two deadline timers. `end()` gives all of it back, once, and records its `outcome` (ending, failure, the halves
+aborted: failures.halves_to_abort); a second `end()` does nothing, so any path that may end one calls it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+import orjson
+
+from pdcluster.http import error_body
+from router.config import RouterConfig
+from router.fleet.workers import Worker, mark_failed
+from router.metrics import RouterMetrics
+from router.pd import failures, logprobs
+from router.pd.failures import HALF_ERRORS, TRANSPORT_ERRORS, DeadlinePassed, HalfFailed
+from router.pd.request import PdRequest
+from router.transport.edge import Answer, StreamAnswer
+from router.transport.upstream import UpstreamClient, UpstreamResponse
+
+log = logging.getLogger("pdcluster.router")
+
+_PASSED_ON = ("content-type", "content-encoding")  # the decode's headers that reach the client
+_JSON = {"content-type": "application/json"}
+_ABORT_TIMEOUT = 5.0  # seconds an /abort_request may take
+PREFILL_GRACE = 30.0  # seconds a prefill's answer may trail the decode's before it is cut off
+
+
+class AttemptState(Enum):
+    SENT = "sent"  # both halves sent; the decode's answer has not started
+    ANSWERING = "answering"  # the decode's answer started: both workers did their part
+    DELIVERED = "delivered"  # a plain answer read whole, or a stream relayed to its last chunk
+    CLIENT_GONE = "client gone"  # the client left (or the edge closed a stream whose relay never began)
+    FAILED_BEFORE_FIRST_BYTE = "failed before the first byte"  # a half failed: the caller may retry on a new pair
+    FAILED_AFTER_FIRST_BYTE = "failed after the first byte"  # a half failed mid-stream: the client gets an error event
+    DEADLINE = "deadline"  # total_timeout passed, or a stream's first_token_timeout
+
+    @property
+    def ended(self) -> bool:
+        return self not in (AttemptState.SENT, AttemptState.ANSWERING)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: its ending, the failure (a half's, or the deadline's) and the halves it aborted."""
+
+    ending: AttemptState
+    failure: HalfFailed | None = None
+    aborted: tuple[Worker, ...] = ()
+
+
+@dataclass
+class Dispatcher:
+    """What every attempt shares: the data plane's client, the metrics, the background tasks, the config."""
+
+    client: UpstreamClient
+    metrics: RouterMetrics
+    background: set[asyncio.Future]
+    config: RouterConfig
+
+    def abort(self, request: PdRequest, workers: Iterable[Worker]) -> None:
+        """Free the KV slots of the current attempt on `workers` now, in the background (SGLang's /abort_request)."""
+        for worker in workers:
+            task = asyncio.create_task(self._abort(worker, request.rids, request.request_id))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+
+    async def _abort(self, worker: Worker, rids: list[str], request_id: str) -> None:
+        for rid in rids:
+            self.metrics.aborts.labels(worker.role.value).inc()
+            try:
+                async with asyncio.timeout(_ABORT_TIMEOUT):
+                    response = await self.client.request("POST", worker.url, "/abort_request",
+                                                         orjson.dumps({"rid": rid}), _JSON)
+                    await response.read()
+                log.info("abort sent", extra={"request_id": request_id, "rid": rid, "worker": worker.url})
+            except TRANSPORT_ERRORS as exc:
+                log.warning("abort failed", extra={"request_id": request_id, "rid": rid, "worker": worker.url,
+                                                   "error": repr(exc)})
+
+
+class Attempt:
+    def __init__(self, dispatcher: Dispatcher, request: PdRequest, prefill: Worker, decode: Worker):
+        self.d, self.request, self.prefill, self.decode = dispatcher, request, prefill, decode
+        self.state = AttemptState.SENT
+        self.outcome: Outcome | None = None  # set by end()
+        self.prefill_half: PrefillHalf | None = None
+        self.response: UpstreamResponse | None = None
+        self.total_timer: asyncio.TimerHandle | None = None  # a stream's total_timeout
+        self.first_token_timer: asyncio.TimerHandle | None = None  # a stream's first_token_timeout
+        for worker in (prefill, decode):
+            worker.in_flight += 1
+            worker.breaker.on_attempt()
+
+    async def answer(self) -> Answer | StreamAnswer:
+        """Both halves sent, the client's answer (a stream ends the attempt at its end); HalfFailed before it starts."""
+        request = self.request
+        try:
+            raw = orjson.dumps(request.body)
+            prefill_half = self.prefill_half = PrefillHalf(self.d.client, self.prefill, request, raw, self.decode)
+            response = self.response = await self._decode_head(raw, prefill_half)
+            self.state = AttemptState.ANSWERING  # both workers did their part (a half-open breaker's trial succeeded)
+            self.prefill.breaker.on_success()
+            self.decode.breaker.on_success()
+            headers = {k: v for k in _PASSED_ON if (v := response.headers.get(k)) is not None}
+            if request.stream:
+                self._arm_deadlines(response)  # and the stream's end ends the attempt
+                return StreamAnswer(response.status, self._relay(response, prefill_half), headers, self.end)
+            payload = await response.read()
+            if request.merge_logprobs:
+                payload = logprobs.merge_answer(payload, await prefill_half.answer())
+        except HALF_ERRORS as exc:
+            failure = failures.as_failure(self.decode, exc)
+            self.end(AttemptState.FAILED_BEFORE_FIRST_BYTE, failure)
+            raise failure from None
+        except BaseException:  # cancelled: the client left, or total_timeout passed; both halves may still work on it
+            self.end(AttemptState.DEADLINE if time.monotonic() >= request.deadline else AttemptState.CLIENT_GONE)
+            raise
+        self.d.metrics.count_cached(payload, predicted=request.predicted_cached)
+        self.end(AttemptState.DELIVERED)
+        return Answer(response.status, payload, headers)
+
+    async def _decode_head(self, raw: bytes, prefill_half: PrefillHalf) -> UpstreamResponse:
+        """The decode's response once its status and headers are in; a failed prefill interrupts the wait."""
+        d, request, decode = self.d, self.request, self.decode
+        try:
+            response = await d.client.request("POST", decode.url, request.route, raw, request.headers,
+                                              d.config.first_byte_timeout, prefill_half.watch)
+        except TimeoutError:  # it may be working on it still: both halves are aborted
+            raise HalfFailed(decode, 504, f"decode {decode.worker_id} sent no answer within first_byte_timeout "
+                                          f"({d.config.first_byte_timeout}s)", ends_both=True) from None
+        if response.status >= 400:
+            self.response = response
+            try:
+                payload = await response.read()
+            except HALF_ERRORS:
+                payload = b""
+            raise failures.status_failure(decode, response.status, payload)
+        return response
+
+    async def _relay(self, response: UpstreamResponse, prefill_half: PrefillHalf) -> AsyncGenerator[bytes, None]:
+        """The decode's SSE stream, chunk by chunk; an error event if either half fails or a deadline passes."""
+        request, metrics = self.request, self.d.metrics
+        first_at, events, last = 0.0, 0, b""
+        chunks = response.iter_chunks()
+        try:
+            async for chunk in chunks if not request.merge_logprobs else logprobs.sse_events(chunks):
+                if not first_at:
+                    first_at = time.monotonic()
+                    if self.first_token_timer is not None:
+                        self.first_token_timer.cancel()
+                    if request.timed:  # else a fan-out's choice: the fan-out times its merged stream
+                        metrics.ttft.labels(request.route).observe(first_at - request.attempt_started)
+                    if request.merge_logprobs:
+                        chunk = logprobs.merge_first_event(chunk, logprobs.prefill_answer(await prefill_half.answer()))
+                events += chunk.count(b"\n\n")  # an event's end: JSON strings escape their newlines
+                if b"cached_tokens" in chunk:
+                    last = chunk
+                elif b'"error"' in chunk:  # a worker's error event: its reason in the router's shape, cleaned
+                    chunk = failures.clean_error_events(chunk, self.decode)
+                yield chunk
+                if chunk.endswith(b"data: [DONE]\n\n"):  # the last event: whole, even if the client goes now
+                    break
+            metrics.count_cached(last, stream=True, predicted=request.predicted_cached)
+            metrics.stream_ended(request.route if request.timed else None, first_at, events)
+            self.end(AttemptState.DELIVERED)
+        except HALF_ERRORS as exc:
+            failure = failures.as_failure(self.decode, exc)
+            deadline = isinstance(failure, DeadlinePassed)
+            self.end(AttemptState.DEADLINE if deadline else AttemptState.FAILED_AFTER_FIRST_BYTE, failure)
+            log.warning("stream broke", extra={"request_id": request.request_id, "rids": request.rids,
+                                               "error": failure.message, "detail": failure.detail})
+            metrics.stream_errors.labels(request.route).inc()
+            yield b"data: " + orjson.dumps(error_body(failure.status, failure.message)) + b"\n\n"
+        finally:
+            self.end(AttemptState.CLIENT_GONE)  # the relay was cancelled or closed: a no-op after the above
+
+    def _arm_deadlines(self, response: UpstreamResponse) -> None:
+        """total_timeout and first_token_timeout end a stream with a DeadlinePassed (made only if one passes)."""
+        loop, config, request = asyncio.get_running_loop(), self.d.config, self.request
+        self.total_timer = loop.call_later(max(0.0, request.deadline - time.monotonic()), lambda: response.interrupt(
+            DeadlinePassed(self.decode, f"request took longer than total_timeout ({config.total_timeout}s)")))
+        self.first_token_timer = loop.call_later(config.first_token_timeout, lambda: response.interrupt(
+            DeadlinePassed(self.decode, f"no token within first_token_timeout ({config.first_token_timeout}s)")))
+
+    def end(self, ending: AttemptState = AttemptState.CLIENT_GONE, failure: HalfFailed | None = None) -> None:
+        """Give back everything the attempt holds, and record its `outcome`. `failure`: the half that failed (its
+        breaker hears of it, the other half is aborted); none, and not delivered: both halves are aborted."""
+        if self.state.ended:
+            return
+        streamed = self.request.stream and self.state is AttemptState.ANSWERING
+        self.state = ending
+        for timer in (self.total_timer, self.first_token_timer):
+            if timer is not None:
+                timer.cancel()
+        if self.response is not None:
+            self.response.close()
+        delivered = ending is AttemptState.DELIVERED
+        aborted = () if delivered else failures.halves_to_abort(failure, self.prefill, self.decode)
+        self.d.abort(self.request, aborted)  # no KV slot waits out SGLang's own timeouts
+        if failure is not None and failure.counts_against_worker:
+            failure.worker.breaker.on_failure()
+        if failure is not None and failure.transport:  # unreachable, or dropped the connection: out of rotation
+            mark_failed(failure.worker, threshold=1)  # until a probe succeeds
+            self.d.metrics.ejections.labels(failure.worker.role.value).inc()
+        for worker in (self.prefill, self.decode):
+            worker.breaker.on_end()
+            worker.in_flight -= 1
+        if self.prefill_half is not None:
+            self.prefill_half.let_finish(self.d.background, delivered)
+        if streamed and self.request.timed:  # the request's duration is its relay's (service.py times the rest)
+            self.d.metrics.latency.labels(self.request.route).observe(time.monotonic() - self.request.started)
+        self.outcome = Outcome(ending, failure, aborted)
+
+
+class PrefillHalf:
+    """The prefill's half, sent by a task; `future` holds its answer (or its HalfFailed), never relayed (waited for
+    its input logprobs only). Failed, it interrupts the decode's response (no KV will come). It may trail it."""
+
+    def __init__(self, client: UpstreamClient, worker: Worker, request: PdRequest, body: bytes, decode: Worker):
+        self.client, self.worker, self.body, self.request = client, worker, body, request
+        self.failure: HalfFailed | None = None
+        self.sent = False  # held at a fan-out's gate until its prompt is cached, else sent at once
+        self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
+        self.prompt_tokens, self.books = request.checked.prompt_tokens, [worker, decode]  # unbook() empties it
+        self.work = self.prompt_tokens if request.prefill_work is None else request.prefill_work  # cache_aware's
+        for booked in self.books:
+            booked.book(self.prompt_tokens, self.work)
+        self.future: asyncio.Future = asyncio.ensure_future(self._send())
+        self.future.add_done_callback(self._done)
+        if (paired := request.on_paired) is not None:  # a fan-out's first choice (router/openai/fanout.py)
+            paired(worker, self.future)
+
+    async def _send(self) -> bytes:
+        if (gate := self.request.prefill_gate) is not None:  # a fan-out's later choice: sent once its prompt is cached
+            await asyncio.shield(gate)  # meanwhile its decode half's handshake is done
+        self.sent, r = True, None
+        try:
+            r = await self.client.request("POST", self.worker.url, self.request.route, self.body, self.request.headers)
+            payload = await r.read()
+        except TRANSPORT_ERRORS as exc:
+            raise failures.transport_failure(self.worker, exc) from None
+        finally:
+            if r is not None:
+                r.close()
+        if r.status < 400 and b"abort" not in payload and b'"error"' not in payload:
+            return payload  # the common case, decided here: failures.py is for failures
+        return failures.prefill_answer(self.worker, r.status, payload)
+
+    def watch(self, decode: UpstreamResponse) -> None:
+        """Interrupt the decode's response with this half's failure, now or when it comes (the decode's on_sent)."""
+        self._decode = decode
+        if self.failure is not None:
+            decode.interrupt(self.failure)
+
+    def unbook(self) -> None:
+        """The prompt off both workers' books (liveness, cache_aware), once: at this half's answer or the decode's."""
+        for booked in self.books:
+            booked.book(-self.prompt_tokens, -self.work)
+        self.books.clear()
+
+    def _done(self, future: asyncio.Future) -> None:
+        self.unbook()
+        if not future.cancelled() and isinstance(error := future.exception(), HalfFailed):
+            self.failure = error
+            if self._decode is not None:
+                self._decode.interrupt(self.failure)
+
+    async def answer(self) -> bytes:
+        """The prefill's own answer, which may trail the decode's by a moment."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.future), PREFILL_GRACE)
+        except TimeoutError:
+            raise HalfFailed(self.worker, 504, f"prefill {self.worker.worker_id} did not answer within "
+                                               f"{PREFILL_GRACE:.0f}s of the decode") from None
+
+    def let_finish(self, background: set, delivered: bool) -> None:
+        """The attempt is over: let the prefill's answer finish in `background`, within PREFILL_GRACE (a half held at
+        a fan-out's gate, of an attempt that failed, is never sent)."""
+        if delivered:
+            self.unbook()
+        if (future := self.future).done() or (not self.sent and not delivered and future.cancel()):  # at a gate
+            return
+        background.add(future)
+        cutoff = asyncio.get_running_loop().call_later(PREFILL_GRACE, future.cancel)
+
+        def finished(f: asyncio.Future) -> None:
+            cutoff.cancel()
+            background.discard(f)
+        future.add_done_callback(finished)
