@@ -64,6 +64,45 @@ class StaticWorker(BaseModel):
         return url
 
 
+# Where `make up` (run from the checkout) and a router started from the checkout keep the store: the git-ignored var/.
+DEFAULT_SQLITE_URL = "sqlite+aiosqlite:///var/router/responses.db"
+STORE_URL_SCHEMES = {"sqlite": "sqlite+aiosqlite:///", "postgresql": "postgresql+psycopg://"}
+
+
+class StoreConfig(BaseModel):
+    """Stored responses and conversations (router/store/): SQLite on disk, PostgreSQL for routers sharing one store."""
+
+    model_config = ConfigDict(extra="forbid")
+    backend: Literal["sqlite", "postgresql", "none"] = "sqlite"
+    # sqlite: unset is DEFAULT_SQLITE_URL (a relative path is the router's working directory's; its folder is made);
+    # postgresql: required. A password in it is never logged (better: a .pgpass or PGPASSWORD, which libpq reads).
+    url: str | None = None
+    # Stored rows are invisible once this old and deleted by the store's periodic sweep.
+    retention_days: int = Field(default=30, ge=1, le=36500)
+    # The largest item (an input or output item, a conversation item, metadata) as JSON: over it, a 400.
+    max_item_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # Database connections per router process.
+    pool_size: int = Field(default=5, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _url_fits_backend(self) -> StoreConfig:
+        # the messages never quote the url: it may hold a password
+        if self.backend == "none":
+            return self
+        scheme = STORE_URL_SCHEMES[self.backend]
+        if self.backend == "postgresql" and not self.url:
+            raise ValueError(f"backend postgresql needs a url ({scheme}user@host:5432/database)")
+        if self.url and not self.url.startswith(scheme):
+            raise ValueError(f"url: backend {self.backend} takes a url starting with {scheme}")
+        if self.backend == "sqlite" and ":memory:" in self.resolved_url():
+            raise ValueError("url: the store is kept on disk (an in-memory SQLite is one per connection)")
+        return self
+
+    def resolved_url(self) -> str:
+        """The database's URL (the default SQLite file when unset)."""
+        return self.url or DEFAULT_SQLITE_URL
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -138,6 +177,8 @@ class RouterConfig(BaseModel):
     # they
     # go: the OTEL_* variables (pdcluster/otel.py).
     tracing: bool | None = None
+    # Stored responses and conversations (`store: true`, `previous_response_id`, the Conversations API).
+    store: StoreConfig = Field(default_factory=StoreConfig)
     log_level: str = "warning"
     # json: one JSON object per line (for log pipelines); text: human-readable lines.
     log_format: Literal["json", "text"] = "json"

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from bootstrap.config import BootstrapConfig
 from pdcluster.local import LocalSpec, WorkerGroupSpec
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
-from router.config import RouterConfig, StaticWorker
+from router.config import RouterConfig, StaticWorker, StoreConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGURATION = REPO / "docs" / "configuration.md"
@@ -26,6 +26,7 @@ TABLES: list[tuple[str, str, type[BaseModel]]] = [
     ("## Workers", "`kv_store:` key", KVStoreSettings),
     ("## Router", "key", RouterConfig),
     ("## Router", "static worker key", StaticWorker),
+    ("## Router", "`store:` key", StoreConfig),
     ("## Bootstrap service", "key", BootstrapConfig),
     ("## Local cluster", "key", LocalSpec),
     ("## Local cluster", "worker group key", WorkerGroupSpec),
@@ -78,7 +79,9 @@ def test_the_defaults_written_as_literals_are_the_models(section, first_header, 
         assert literal, f"{model.__name__}.{name}: the default {cell!r} is not one literal"
         default = field.get_default(call_default_factory=True)
         written = yaml.safe_load(literal.group(1))
-        if isinstance(written, str) and not isinstance(default, str):
+        if isinstance(default, BaseModel):  # a section (`store: {}`): the model the written mapping makes
+            written = type(default).model_validate(written)
+        elif isinstance(written, str) and not isinstance(default, str):
             written = type(default)(written) if default is not None else written
         assert written == default, f"{model.__name__}.{name}: documented {cell}, the model's default is {default!r}"
         checked += 1
