@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from router.config import StoreConfig
+from tests.unit.postgres_server import PostgresServer
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -19,3 +22,28 @@ def demo_model() -> Path:
         subprocess.run([sys.executable, "scripts/build_demo_model.py", "--out", "models/tiny-llama"], cwd=REPO,
                        check=True)
     return model
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL for this test process (tests/unit/postgres_server.py), stopped at the end. One that cannot
+    start fails the tests that need it: never a skip."""
+    server = PostgresServer()
+    try:
+        server.start()
+    except Exception as exc:
+        server.stop()
+        pytest.fail(f"PostgreSQL did not start: {exc}")
+    yield server
+    server.stop()
+    assert not server.running()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_config(request, tmp_path) -> StoreConfig:
+    """The store's config on each backend: a SQLite file in a fresh dir (its folder not made yet), or a fresh database
+    of the suite's PostgreSQL."""
+    if request.param == "sqlite":
+        return StoreConfig(url=f"sqlite+aiosqlite:///{tmp_path}/var/responses.db", max_item_bytes=4096)
+    server = request.getfixturevalue("postgres")
+    return StoreConfig(backend="postgresql", url=server.new_database(), max_item_bytes=4096)
