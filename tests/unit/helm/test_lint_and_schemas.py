@@ -51,6 +51,7 @@ def test_every_manifest_validates_against_kubernetes_schemas_strictly(rendered, 
     ({"prefill": {"config": {"cluster": {"kv_stor": "kv-cache"}}}}, "'kv_stor' not allowed"),
     ({"decode": {"config": {"cluster": {"device": "gpu"}}}}, "/decode/config/cluster/device"),
     ({"router": {"config": {"prefill_polcy": "prefix"}}}, "'prefill_polcy' not allowed"),
+    ({"router": {"config": {"store": {"backend": "redis"}}}}, "/router/config/store/backend"),
     # Secrets have no place in a config file, which lands in a ConfigMap: secrets.* instead.
     ({"bootstrap": {"config": {"token": "t"}}}, "'token' not allowed"),
     ({"router": {"config": {"api_key": "k"}}}, "'api_key' not allowed"),
@@ -70,7 +71,7 @@ def test_values_schema_follows_the_config_models():
     identity): a field added to a model without the schema fails here, not in a user's install."""
     from bootstrap.config import BootstrapConfig
     from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
-    from router.config import RouterConfig, StaticWorker
+    from router.config import RouterConfig, StaticWorker, StoreConfig
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     props = schema["properties"]
@@ -80,6 +81,8 @@ def test_values_schema_follows_the_config_models():
         set(BootstrapConfig.model_fields) - {"token"})
     assert set(props["router"]["properties"]["config"]["properties"]) == (
         set(RouterConfig.model_fields) - {"api_key", "bootstrap_token"})
+    assert set(props["router"]["properties"]["config"]["properties"]["store"]["properties"]) == (
+        set(StoreConfig.model_fields))
     for role in ("prefill", "decode"):  # static workers
         static = props["router"]["properties"]["config"]["properties"][role]["items"]["properties"]
         assert set(static) == set(StaticWorker.model_fields)
