@@ -1,5 +1,7 @@
-"""docs/lifecycle.md names each step of a request as `file:function`: every one must exist, so that the page is
-renamed with the code, and every router file a streamed request runs code in must be on it (a profiled request).
+"""docs/lifecycle.md walks one streamed chat through the router under the shipped policies, each step named as
+`file:function`: every one must exist, so that the page is renamed with the code. And the page and that request agree
+both ways, by a profiled request, not a list kept by hand: every router file it runs code in is named on the page, and
+every router file the page names ran, but for those of its "Only when needed" list (which must not have).
 And the router's code and that page speak of the code, not of the tracker: no issue numbers."""
 
 from __future__ import annotations
@@ -8,9 +10,13 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "lifecycle.md"
 STEP = re.compile(r"`([\w/]+\.py):([\w.]+)`")
+PATH = re.compile(r"`((?:\w+/)+[\w.-]+\.\w+)`")  # a file named without a function (not a step)
+ONLY_WHEN_NEEDED = "## Only when needed"
 
 
 def defined_names(path: Path) -> set[str]:
@@ -28,12 +34,27 @@ def defined_names(path: Path) -> set[str]:
     return names
 
 
+def page_files() -> tuple[set[str], set[str]]:
+    """The router files the page names as steps (`file:function` anywhere but its "Only when needed" list), and
+    those of that list."""
+    page = PAGE.read_text()
+    assert ONLY_WHEN_NEEDED in page, f"docs/lifecycle.md has no {ONLY_WHEN_NEEDED!r} section"
+    section = page[page.index(ONLY_WHEN_NEEDED):]
+    end = section.find("\n## ", 1)
+    needed = {file for file, _ in STEP.findall(section[:end] if end >= 0 else section) if file.startswith("router/")}
+    named = {file for file, _ in STEP.findall(page) if file.startswith("router/")}
+    return named - needed, needed
+
+
 def test_every_step_of_the_lifecycle_page_names_a_function_that_exists():
-    steps = STEP.findall(PAGE.read_text())
+    page = PAGE.read_text()
+    steps = STEP.findall(page)
     assert len(steps) >= 20, "the page names each step as `file:function`"
     missing = [f"{file}:{name}" for file, name in steps
                if not (ROOT / file).is_file() or name not in defined_names(ROOT / file)]
     assert not missing, f"docs/lifecycle.md names what does not exist: {missing}"
+    gone = [path for path in PATH.findall(page) if not (ROOT / path).is_file()]
+    assert not gone, f"docs/lifecycle.md names files that do not exist: {gone}"
 
 
 def test_the_lifecycle_page_is_the_first_link_of_the_readme_documentation():
@@ -55,64 +76,25 @@ def test_no_issue_numbers_in_the_router_or_its_lifecycle_page():
     assert not found, found
 
 
-def test_the_page_names_every_router_file_a_streamed_request_runs_code_in():
-    """One streamed POST /generate through the router's ASGI app, every Python call profiled: each file of router/
-    it ran code in is one a newcomer reads, so the page must name it."""
-    ran = _files_a_streamed_request_runs()
-    assert "router/pd/attempt.py" in ran and "router/transport/edge.py" in ran
-    page = PAGE.read_text()
-    missing = sorted(file for file in ran if file not in page)
-    assert not missing, f"run but not on the page: {missing}"
-    assert len(ran) <= 11, sorted(ran)  # 19 before the spine, 14 before the merges that made it 10; Checked apart: 11
+@pytest.fixture(scope="module")
+def ran(demo_model: Path) -> set[str]:
+    from tests.unit.lifecycle_trace import files_a_streamed_chat_runs
+
+    return files_a_streamed_chat_runs(demo_model)
 
 
-def _files_a_streamed_request_runs() -> set[str]:
-    import asyncio
-    import json
-    import sys
-    from contextlib import ExitStack
+def test_the_page_names_every_router_file_the_streamed_chat_runs_code_in(ran: set[str]):
+    """Each file of router/ the traced request ran code in is one a newcomer reads: the page names it as a step."""
+    assert "router/transport/edge.py" in ran and any(file.startswith("router/kv_routing/") for file in ran), ran
+    steps, _ = page_files()
+    missing = sorted(ran - steps)
+    assert not missing, f"run by the streamed chat but not a step on docs/lifecycle.md: {missing}"
 
-    from router.app import create_app
-    from router.config import RouterConfig
-    from tests.fakes import FakeWorker, ServerThread
 
-    ran: set[str] = set()
-    router = str(ROOT / "router")
-
-    def profile(frame, event, _arg) -> None:
-        if event == "call" and frame.f_code.co_filename.startswith(router):
-            ran.add(str(Path(frame.f_code.co_filename).relative_to(ROOT)))
-
-    async def one_request(edge) -> list[dict]:
-        body = json.dumps({"text": "hi", "stream": True}).encode()
-        inbox, sent, over = [{"type": "http.request", "body": body, "more_body": False}], [], asyncio.Event()
-
-        async def receive() -> dict:
-            if inbox:
-                return inbox.pop()
-            await over.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-
-        scope = {"type": "http", "method": "POST", "path": "/generate", "headers": [(b"content-type", b"x")]}
-        async with edge.app.router.lifespan_context(edge.app):
-            await asyncio.sleep(0.5)  # the first probes done: from here on, the router runs only this request
-            sys.setprofile(profile)
-            try:
-                await edge(scope, receive, send)
-                await asyncio.sleep(0.2)  # what the attempt left in the background
-            finally:
-                sys.setprofile(None)
-                over.set()
-        return sent
-
-    with ExitStack() as stack:
-        prefill, decode = (stack.enter_context(ServerThread(FakeWorker().app())) for _ in range(2))
-        config = RouterConfig(bootstrap_url=None, prefill=[{"url": prefill.url, "kv_bootstrap_port": 8999}],
-                              decode=[{"url": decode.url}], health_interval=60, liveness_interval=60,
-                              admission_check=False)
-        sent = asyncio.run(one_request(create_app(config)))
-    assert sent[0]["status"] == 200 and b"[DONE]" in b"".join(m.get("body", b"") for m in sent[1:])
-    return ran
+def test_every_file_the_page_names_as_a_step_ran_in_the_streamed_chat(ran: set[str]):
+    """A step the request does not take misleads: it is in the "Only when needed" list, or gone from the page; and
+    that list names only files the request did not run (those it ran are steps)."""
+    steps, needed = page_files()
+    assert not sorted(steps - ran), f"named as steps on docs/lifecycle.md, not run: {sorted(steps - ran)}"
+    assert needed, f"the {ONLY_WHEN_NEEDED!r} list names no file"
+    assert not sorted(needed & ran), f"run by the streamed chat, so steps, not only when needed: {sorted(needed & ran)}"
