@@ -53,9 +53,8 @@ def empty_content_not_given(message: Any) -> None:
 def assistant_fields(messages: list[dict[str, Any]]) -> None:
     """OpenAI's fields of an assistant message that SGLang would drop, made the SGLang fields of their meaning (their
     types are checked: router/checks/inventory/openai.py). A refusal is what the model said when it has no content:
-    dropped,
-    the template would render an empty turn. The deprecated function_call is one tool call: dropped, the model would
-    not see the call its function's answer follows. Its id is made of the message's index, the same in every later
+    dropped, the template would render an empty turn. The deprecated function_call is one tool call: dropped, the model
+    would not see the call its function's answer follows. Its id is made of the message's index, the same in every later
     turn of the conversation, so the prompt stays a prefix the workers' caches hold."""
     answered = None  # the id of the function_call a function message answers
     for i, message in enumerate(messages):

@@ -1,8 +1,7 @@
-"""A chat's token ids, rendered by the router (router/kv_routing/chat_template.py, router/kv_routing/prompt_ids.py),
-are the ones SGLang
-makes: transformers' apply_chat_template(tokenize=True, add_generation_prompt=True) of the messages as SGLang hands
-them over (text parts joined by a space, a last assistant message made a user's, its tools dumped by its models).
-Anything the renderer does not follow is None, never an error."""
+"""A chat's token ids, rendered by the router (router/kv_routing/chat_template.py, router/kv_routing/prompt_ids.py), are
+the ones SGLang makes: transformers' apply_chat_template(tokenize=True, add_generation_prompt=True) of the messages as
+SGLang hands them over (text parts joined by a space, a last assistant message made a user's, its tools dumped by its
+models). Anything the renderer does not follow is None, never an error."""
 
 from __future__ import annotations
 
