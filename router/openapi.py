@@ -1,15 +1,14 @@
 """The router's OpenAPI document: the contract a schema-driven client, gateway or fuzzer reads.
 
 The three PD routes are served by the edge, not FastAPI (router/transport/edge.py), so FastAPI cannot describe them:
-their
-request schemas are made here from the same inventory the router checks with (router/checks/inventory/), field by field.
-A refused field appears as what the router takes of it (null, or SGLang's own default, both "not given"); a field
-in no table is not there, and `additionalProperties: false` says the router refuses it. What depends on the pair
-that serves a request (token ids < its vocabulary, counts <= its context length) is said in the field's description:
-no static schema can hold it. Exactly one of text and input_ids is in the schema; other rules across fields (one
-sampling_params per batch item, as many rids as items) are the router's 400s. An integer is one as JSON writes it
-(5, not 5.0): the router's types are strict, as SGLang's are. The rest of the document is FastAPI's (the GET
-routes), with /metrics declared as what it serves, Prometheus text.
+their request schemas are made here from the same inventory the router checks with (router/checks/inventory/), field by
+field. A refused field appears as what the router takes of it (null, or SGLang's own default, both "not given"); a field
+in no table is not there, and `additionalProperties: false` says the router refuses it. What depends on the pair that
+serves a request (token ids < its vocabulary, counts <= its context length) is said in the field's description: no
+static schema can hold it. Exactly one of text and input_ids is in the schema; other rules across fields (one
+sampling_params per batch item, as many rids as items) are the router's 400s. An integer is one as JSON writes it (5,
+not 5.0): the router's types are strict, as SGLang's are. The rest of the document is FastAPI's (the GET routes), with
+/metrics declared as what it serves, Prometheus text.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Two HTTP clients behind one small adapter, for tests/unit/test_upstream_adversarial.py: ours
-(router/transport/upstream.py)
-and aiohttp's ClientSession, each run through `case`: one request answered by a scripted misbehaving worker
-(tests/adversarial_server.py), then a normal request on the same client, which must come right.
+(router/transport/upstream.py) and aiohttp's ClientSession, each run through `case`: one request answered by a scripted
+misbehaving worker (tests/adversarial_server.py), then a normal request on the same client, which must come right.
 """
 
 from __future__ import annotations

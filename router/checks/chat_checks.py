@@ -1,5 +1,5 @@
 """The checks across the fields of a chat request that the inventory's types cannot make alone: its grammars as JSON
-schemas (response_format's, the tools'), and tool calling (its types: router/checks/inventory/openai.py).
+schemas (response_format's, the tools'), and tool calling (its types: router/checks/inventory/openai_types.py).
 
 A tool's parameters schema is a grammar once tool_choice is required or named: SGLang constrains the answer to calls
 of the tools, by a JSON schema or a structural tag made of their schemas, compiled on both workers (some tool-call
@@ -52,11 +52,10 @@ def empty_content_not_given(message: Any) -> None:
 
 def assistant_fields(messages: list[dict[str, Any]]) -> None:
     """OpenAI's fields of an assistant message that SGLang would drop, made the SGLang fields of their meaning (their
-    types are checked: router/checks/inventory/openai.py). A refusal is what the model said when it has no content:
-    dropped,
-    the template would render an empty turn. The deprecated function_call is one tool call: dropped, the model would
-    not see the call its function's answer follows. Its id is made of the message's index, the same in every later
-    turn of the conversation, so the prompt stays a prefix the workers' caches hold."""
+    types are checked: router/checks/inventory/openai_types.py). A refusal is what the model said when it has no
+    content: dropped, the template would render an empty turn. The deprecated function_call is one tool call: dropped,
+    the model would not see the call its function's answer follows. Its id is made of the message's index, the same in
+    every later turn of the conversation, so the prompt stays a prefix the workers' caches hold."""
     answered = None  # the id of the function_call a function message answers
     for i, message in enumerate(messages):
         where, role = f"messages[{i}].", message["role"]

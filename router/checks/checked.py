@@ -21,11 +21,10 @@ HINT_CHARS = 2048  # how much of a prompt the prefix policy keys on
 
 # --- a text prompt's tokens, without a tokenizer ------------------------------------------------------------------
 #
-# An estimate, for liveness (prompt_tokens): 1 token per 2 characters over-estimates English and code for BPE
-# tokenizers (~4 and ~3 characters a token) and under-estimates CJK (~1), which liveness's margin covers. An upper
-# bound, for the decodes' KV pools (longest_prompt; why: router/pd/kv_fit.py): byte-level BPE and SentencePiece with
-# byte
-# fallback never make more tokens than UTF-8 bytes, plus special tokens and a chat template. And a lower one, below.
+# An estimate, for liveness (prompt_tokens): 1 token per 2 characters over-estimates English and code for BPE tokenizers
+# (~4 and ~3 characters a token) and under-estimates CJK (~1), which liveness's margin covers. An upper bound, for the
+# decodes' KV pools (longest_prompt; why: router/pd/kv_fit.py): byte-level BPE and SentencePiece with byte fallback
+# never make more tokens than UTF-8 bytes, plus special tokens and a chat template. And a lower one, below.
 
 CHARS_PER_TOKEN = 2
 TEMPLATE_TOKENS = 8  # a chat template's tokens around each message, in the estimate

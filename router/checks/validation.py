@@ -1,11 +1,11 @@
 """Request checks the router makes before any worker sees a request: the inventory (router/checks/inventory/) applied.
 
-Every field of a body must be in its route's table: a refused or unknown field is a 400 that names it and says why,
-an ignored one is type-checked and left out. Each value is checked against its type and static limits (pydantic,
-strict); what depends on the serving pair is collected into `Checked` for router/pd/pairing.py's `check_for_pair`
-(token ids against its vocabulary, token counts and positions against its context length). SGLang 0.5.23 crashes
-its scheduler on many values it does not check, and a crashed scheduler fails every request on that worker. Prompts
-given as token ids are only shaped here (a 30 MiB body costs its JSON parse); their ids are checked per pair.
+Every field of a body must be in its route's table: a refused or unknown field is a 400 that names it and says why, an
+ignored one is type-checked and left out. Each value is checked against its type and static limits (pydantic, strict);
+what depends on the serving pair is collected into `Checked` for router/pd/pairing.py's `check_for_pair` (token ids
+against its vocabulary, token counts and positions against its context length). SGLang 0.5.23 crashes its scheduler on
+many values it does not check, and a crashed scheduler fails every request on that worker. Prompts given as token ids
+are only shaped here (router/checks/batches.py; a 30 MiB body costs its JSON parse); their ids are checked per pair.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from pdcluster.config_file import field_path
 from pdcluster.http import ApiError
+from router.checks.batches import id_prompts, one_per_item, text_batch
 from router.checks.chat_checks import (
     assistant_fields,
     check_tool_use,
@@ -35,7 +36,7 @@ from router.checks.checked import (
 )
 from router.checks.inventory.native import GENERATE, SAMPLING
 from router.checks.inventory.openai import CHAT, COMPLETION, MESSAGE
-from router.checks.inventory.rules import MAX_BATCH, Decision, PairLimit, Rule
+from router.checks.inventory.rules import Decision, PairLimit, Rule
 
 LIMITS_DOC = "docs/limits.md"
 REQUIRED = frozenset({"messages", "prompt", "role"})  # and a message's content, but in tool calling's (chat_checks.py)
@@ -134,49 +135,13 @@ def _asks(value: Any) -> bool:
     return any(v is not None for v in value.values()) if isinstance(value, dict) else True
 
 
-def _batch_of(values: list, field: str, batch_size: int | None) -> None:
-    if len(values) != (batch_size or 1):
-        raise ApiError(400, f"{field} has {len(values)} items for {batch_size or 1} inputs", field)
-
-
 def _client_rid(rid: str | list[str] | None, batch_size: int | None) -> str | None:
     if rid is None:
         return None
     if isinstance(rid, list):
-        _batch_of(rid, "rid", batch_size)
+        one_per_item(rid, "rid", batch_size)
         rid = ",".join(rid)
     return rid[:256]
-
-
-def _id_prompts(value: list, field: str) -> tuple[int | None, tuple[list, ...]]:
-    """(batch size, prompts) of a list of ids or a list of lists of ids; shape errors are 400s naming the item.
-
-    Each item of a batch is a request of its own on both workers, and an empty one is a 0-token prefill that crashes
-    SGLang 0.5.23's scheduler (and then the decode waiting for its KV): every item is decided, not only the list."""
-    if isinstance(value[0], list):
-        _batch_size(value, field)
-        for i, ids in enumerate(value):
-            if not isinstance(ids, list) or not ids:
-                raise ApiError(400, f"{field}[{i}] must be a non-empty list of token ids (a batch is all lists)",
-                               f"{field}[{i}]")
-        return len(value), tuple(value)
-    return None, (value,)
-
-
-def _batch_size(value: list, field: str) -> None:
-    if len(value) > MAX_BATCH:
-        raise ApiError(400, f"{field} has {len(value)} items; a batch is at most {MAX_BATCH}", field)
-
-
-def _text_batch(value: list, field: str) -> None:
-    """A batch of texts (completions' `prompt` as a list with a string in it): every item a non-empty string."""
-    _batch_size(value, field)
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise ApiError(400, f"{field}[{i}] is not a string: a batch of prompts is all texts or all token-id "
-                                f"lists", f"{field}[{i}]")
-        if not item:
-            raise ApiError(400, f"{field}[{i}] is empty: every prompt must have at least one token", f"{field}[{i}]")
 
 
 def _vanishing(field: str, value: str | list) -> tuple[tuple[str, str], ...]:
@@ -200,14 +165,14 @@ def check_generate(body: dict[str, Any]) -> Checked:
     if isinstance(first, list):
         batch_size, first = len(first), first[0]
     elif first is None:
-        batch_size, prompts = _id_prompts(body["input_ids"], "input_ids")
+        batch_size, prompts = id_prompts(body["input_ids"], "input_ids")
         first = prompts[0]
     params = body.get("sampling_params")
     if isinstance(params, list):
         if batch_size is None:  # SGLang's HTTP server answers 500 to it
             raise ApiError(400, "sampling_params: a single prompt takes one object (a list is one per batch item)",
                            "sampling_params")
-        _batch_of(params, "sampling_params", batch_size)
+        one_per_item(params, "sampling_params", batch_size)
     for i, p in enumerate(params if isinstance(params, list) else [params] if params is not None else []):
         where = f"sampling_params[{i}]." if isinstance(params, list) else "sampling_params."
         _apply("sampling", p, where)
@@ -235,11 +200,11 @@ def check_completion(body: dict[str, Any]) -> Checked:
                        text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt",
                        may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n)
     if isinstance(prompt[0], str):  # a batch of texts (a list of ids or of id lists: below)
-        _text_batch(prompt, "prompt")
+        text_batch(prompt, "prompt")
         return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra,
                        text_tokens(prompt), text_bound(prompt), prompt_field="prompt",
                        may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n)
-    batch_size, prompts = _id_prompts(prompt, "prompt")
+    batch_size, prompts = id_prompts(prompt, "prompt")
     return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra,
                    sum(map(len, prompts)), max(map(len, prompts)), True, "prompt", needs=needs, choices=n)
 

@@ -61,11 +61,10 @@ def idle(worker: Worker) -> bool:
 
 async def probe_forever(config: RouterConfig, pool: WorkerPool, client: httpx.AsyncClient,
                         upstream: UpstreamClient | None = None, traced: bool = False) -> None:
-    """Probe each worker's /health: every health_interval while it has requests of ours in flight or is out of
-    rotation (a stuck scheduler is judged by a waiting /health; an ejected worker is readmitted by a good one), every
-    idle_health_interval when it is idle and in (each probe is a generation in SGLang: an idle cluster would spend
-    most of its CPU on them). A slow probe delays only its own worker's next one. Liveness (router/fleet/liveness.py)
-    runs
+    """Probe each worker's /health: every health_interval while it has requests of ours in flight or is out of rotation
+    (a stuck scheduler is judged by a waiting /health; an ejected worker is readmitted by a good one), every
+    idle_health_interval when it is idle and in (each probe is a generation in SGLang: an idle cluster would spend most
+    of its CPU on them). A slow probe delays only its own worker's next one. Liveness (router/fleet/liveness.py) runs
     beside it; `upstream` is the data plane's client, whose exchanges with a hung worker are ended."""
     running: dict[str, asyncio.Task] = {}
     sent: dict[str, float] = {}

@@ -1,6 +1,5 @@
 """The router's subscriptions to its prefills' KV events (SGLang's ZMQ PUB; the wire: router/kv_routing/kv_wire.py),
-kept in
-the cache_aware policy's index (router/kv_routing/kv_index.py).
+kept in the cache_aware policy's index (router/kv_routing/kv_index.py).
 
 One subscription per registered worker instance. A new instance (its launcher's instance_id: a restart, even at the
 same address), endpoint or KV store ends the old subscription and its entries: a restarted prefill's cache is not its

@@ -2,11 +2,10 @@
 
 Keyed as SGLang's gateway keys its index: by what a page holds, not by the engine's hash, so it never depends on the
 engine's hash function or its namespacing. A page's key chains the keys of the chunks before it with its own tokens
-since (router/kv_routing/kv_keys.py: it says the page's position and everything before it); the router computes the
-same keys
-over a request's token ids and walks them while some worker holds the next chunk. The engine's hash is kept only to
-resolve removals and to find a stored page's parent. A page is in a worker's memory while a tier of it (GPU,
-CPU_PINNED: HiCache's) holds it: HiCache loads a page held lower back for the next request.
+since (router/kv_routing/kv_keys.py: it says the page's position and everything before it); the router computes the same
+keys over a request's token ids and walks them while some worker holds the next chunk. The engine's hash is kept only to
+resolve removals and to find a stored page's parent. A page is in a worker's memory while a tier of it (GPU, CPU_PINNED:
+HiCache's) holds it: HiCache loads a page held lower back for the next request.
 
 A worker's KV store on disk (pdcluster/kvstore/) has an index of its own, shared by every worker registered with the
 same store (`KVStoreMembership.store`: namespace and directory id, so one volume's replicas share it, two disks do
@@ -181,9 +180,8 @@ class WorkerIndex:
 class KvIndex:
     """Every subscribed worker's index, by worker id, and every known store's, by name. A worker is `live` from its
     subscription on: the subscriber (router/kv_routing/kv_events.py) replays what its publisher buffered first, so a
-    (re)started
-    router starts from it. It is `heard` once an event came: routing by the index of a publisher that sent nothing
-    (none yet, or a port the router cannot reach) would claim to know what it does not. A store is known once it
+    (re)started router starts from it. It is `heard` once an event came: routing by the index of a publisher that sent
+    nothing (none yet, or a port the router cannot reach) would claim to know what it does not. A store is known once it
     holds a page, whichever member's events put it there."""
 
     def __init__(self, max_pages: int = MAX_PAGES_PER_WORKER):

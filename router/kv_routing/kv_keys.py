@@ -1,6 +1,5 @@
 """How the KV index (router/kv_routing/kv_index.py) and the routed prompts (router/kv_routing/kv_routed.py) key a
-prompt's leading tokens,
-and a prompt's token ids read only as far as a walk over those keys needs them.
+prompt's leading tokens, and a prompt's token ids read only as far as a walk over those keys needs them.
 
 A key says a page's position and every token before it. Pages are grouped in chunks of CHUNK tokens (a whole number
 of pages): a chunk's key chains the previous chunk's key with its tokens (`key(base, tokens)`), and a page inside a
@@ -45,10 +44,10 @@ def key(base: int, tokens: Sequence[int]) -> int:
 
 class LazyIds:
     """A prompt's token ids: given, or read piece by piece from `rest` (router/kv_routing/token_pieces.py's
-    `pieces_ids`: each
-    piece's ids and its characters) only as far as a walk asks, so a prompt no worker holds costs one piece's encode.
-    No match covers its last `spare` tokens (SGLang computes at least the last one) nor a cut text's last `cut`
-    (a longer text may merge them differently; not its ids either). `chars`: the prompt's, for `tokens`' estimate."""
+    `pieces_ids`: each piece's ids and its characters) only as far as a walk asks, so a prompt no worker holds costs one
+    piece's encode. No match covers its last `spare` tokens (SGLang computes at least the last one) nor a cut text's
+    last `cut` (a longer text may merge them differently; not its ids either). `chars`: the prompt's, for `tokens`'
+    estimate."""
 
     __slots__ = ("_keys", "chars", "chars_read", "cut", "ids", "reserve", "rest")
 
@@ -135,9 +134,8 @@ class LazyIds:
 
 
 def walk(ids: LazyIds, size: int, walks: list[Walk]) -> None:
-    """What each worker holds of the prompt, by its keys (router/kv_routing/kv_index.py's `held`), with pages of
-    `size`: chunk
-    by chunk while one holds the next, page by page in a chunk whose end a worker's memory does not hold."""
+    """What each worker holds of the prompt, by its keys (router/kv_routing/kv_index.py's `held`), with pages of `size`:
+    chunk by chunk while one holds the next, page by page in a chunk whose end a worker's memory does not hold."""
     chunk, i = chunk_tokens(size), 0
     keys = ids.chunk_keys_on(chunk)
     for whole in keys:

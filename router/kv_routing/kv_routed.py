@@ -1,16 +1,14 @@
-"""The prompts this router sent to each prefill lately, counted as held there until that prefill's own KV events can
-say so (router/kv_routing/kv_index.py). A prefill publishes a prompt's pages only after computing it, so without this
-every
+"""The prompts this router sent to each prefill lately, counted as held there until that prefill's own KV events can say
+so (router/kv_routing/kv_index.py). A prefill publishes a prompt's pages only after computing it, so without this every
 request of a burst that shares a new prefix is routed before any of it is heard of, and spread over the prefills by
-load: each computes the prefix (measured: cache_aware at 0.91 of the oracle's cached tokens, as round robin, while
-the text prefix policy, which knows at once, had 0.95). SGLang's own cache-aware router inserts a prompt into its
-tree when it routes it, for the same reason.
+load: each computes the prefix (measured: cache_aware at 0.91 of the oracle's cached tokens, as round robin, while the
+text prefix policy, which knows at once, had 0.95). SGLang's own cache-aware router inserts a prompt into its tree when
+it routes it, for the same reason.
 
 A routed prompt is kept as the keys of its leading chunks (router/kv_routing/kv_keys.py's, as the index's: CHUNK tokens
-each, a
-whole number of the engine's pages) for TTL seconds, by then long heard of or never going to be (a
-failed request). At most MAX_PROMPTS are kept, the oldest going first. What it claims is a prediction like the
-index's: wrong, it costs a cache hit, never an answer.
+each, a whole number of the engine's pages) for TTL seconds, by then long heard of or never going to be (a failed
+request). At most MAX_PROMPTS are kept, the oldest going first. What it claims is a prediction like the index's: wrong,
+it costs a cache hit, never an answer.
 """
 
 from __future__ import annotations

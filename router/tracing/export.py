@@ -7,10 +7,10 @@ batches (a pickled list) into a pipe it never waits on: every BATCH records, or 
 one. A batch the pipe has no room for (the exporter is behind, or stuck on its collector) is dropped and counted. The
 child hands the records to the SDK's batch processor and the exporter the OTEL_* variables name (router/tracing/otlp.py:
 OTLP's are encoded straight from the records). It ends when the router's end of the pipe closes: as the router stops
-(it flushes what it holds, and waits for the child a bounded time: tracing.FLUSH_AT_STOP) or dies.
+(it flushes what it holds, and waits for the child a bounded time: spans.FLUSH_AT_STOP) or dies.
 
-The tests' sink (tests/unit/test_router_tracing.py's LocalSink) makes each record the SDK's span (trace_otlp.converter)
-in the router's process, at once.
+The tests' sink (tests/unit/test_router_tracing.py's LocalSink) makes each record the SDK's span
+(router/tracing/otlp.py's converter) in the router's process, at once.
 """
 
 from __future__ import annotations

@@ -5,9 +5,13 @@ without the SDK's context lookups and result objects (~2 us a request); and what
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.tracing.export import new_id
+
+if TYPE_CHECKING:
+    from router.pd.attempt import Attempt
+    from router.transport.edge import Answer, StreamAnswer
 
 RANDOM = 0x02  # W3C trace flags: the trace id is random (the SDK sets it on its own traces)
 
@@ -39,6 +43,6 @@ class SampledOut:
         if state:
             self.headers["tracestate"] = state
 
-    def attempt(self, attempt: Any) -> Coroutine:  # router.pd.attempt's Attempt, not imported: a shorter import chain
+    def attempt(self, attempt: Attempt) -> Coroutine[Any, Any, Answer | StreamAnswer]:
         attempt.request.headers.update(self.headers)
         return attempt.answer()  # awaited by the caller: no coroutine of this method's own

@@ -1,6 +1,5 @@
 """What the data plane's HTTP client (router/transport/upstream.py) hands back: a response whose body is read whole or
-as it
-arrives, and the errors an exchange ends with. It imports nothing of the router's: the connection that feeds a
+as it arrives, and the errors an exchange ends with. It imports nothing of the router's: the connection that feeds a
 response is known here only by what the response asks of it (`Feed`)."""
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Hostile request bodies for the trust-boundary fuzzer (tests/e2e/test_fuzz.py), generated from the inventory.
 
 Every field name comes from router/checks/inventory/ (which names every field of SGLang's own request types) or is one
-no
-table knows. Every value is drawn from one pool of boundary values (integer extremes, tiny and huge floats, empty
-and huge containers, unicode, lists where one value is expected and the other way round, nesting), so a field meets
-values of every type. For fields the router accepts, the values its type and static limits accept are drawn more
-often, and half of the bodies hold only accepted fields with accepted values (nested ones too), so that many reach
-the workers: what the router passes is what a worker must survive.
+no table knows. Every value is drawn from one pool of boundary values (integer extremes, tiny and huge floats, empty and
+huge containers, unicode, lists where one value is expected and the other way round, nesting), so a field meets values
+of every type. For fields the router accepts, the values its type and static limits accept are drawn more often, and
+half of the bodies hold only accepted fields with accepted values (nested ones too), so that many reach the workers:
+what the router passes is what a worker must survive.
 """
 
 from __future__ import annotations

@@ -45,17 +45,22 @@ def test_urllib_reads_the_413_of_the_bootstrap_service(times):
     assert status == 413 and b"limit" in body
 
 
+def read_answer(sock: socket.socket) -> bytes:
+    """What the router answers, up to the end of its JSON error body or the connection's close."""
+    answer = b""
+    while b"}}" not in answer:
+        data = sock.recv(65536)
+        if not data:
+            break
+        answer += data
+    return answer
+
+
 def raw_exchange(port: int, head: bytes, body: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(head)
         sock.sendall(body)
-        answer = b""
-        while b"}}" not in answer:
-            data = sock.recv(65536)
-            if not data:
-                break
-            answer += data
-    return answer
+        return read_answer(sock)
 
 
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
@@ -94,12 +99,7 @@ def test_a_413_reaches_a_kept_alive_client_that_sends_60_mib_without_waiting(chu
                 sock.sendall(b"100000\r\n" + piece + b"\r\n" if chunked else piece)
             if chunked:
                 sock.sendall(b"0\r\n\r\n")
-            answer = b""
-            while b"}}" not in answer:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                answer += data
+            answer = read_answer(sock)
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert b"limit" in answer
 

@@ -1,8 +1,7 @@
-"""A chat's token ids, rendered by the router (router/kv_routing/chat_template.py, router/kv_routing/prompt_ids.py),
-are the ones SGLang
-makes: transformers' apply_chat_template(tokenize=True, add_generation_prompt=True) of the messages as SGLang hands
-them over (text parts joined by a space, a last assistant message made a user's, its tools dumped by its models).
-Anything the renderer does not follow is None, never an error."""
+"""A chat's token ids, rendered by the router (router/kv_routing/chat_template.py, router/kv_routing/prompt_ids.py), are
+the ones SGLang makes: transformers' apply_chat_template(tokenize=True, add_generation_prompt=True) of the messages as
+SGLang hands them over (text parts joined by a space, a last assistant message made a user's, its tools dumped by its
+models). Anything the renderer does not follow is None, never an error."""
 
 from __future__ import annotations
 
@@ -57,6 +56,13 @@ def tokens_for(folder: Path) -> PromptTokens:
     return tokens
 
 
+def smollm2_with_template(folder: Path, template: str) -> None:
+    """SmolLM2's tokenizer in `folder`, with `template` as its chat template."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(SMOLLM2 / name, folder / name)
+    (folder / "chat_template.jinja").write_text(template)
+
+
 def chat(body: dict[str, Any]) -> PdRequest:
     return PdRequest("/v1/chat/completions", "r", body, Checked(None, False, "x"), 0.0, 60.0)
 
@@ -96,9 +102,7 @@ def test_a_final_assistant_message_is_a_users_or_continued(reference):
 
 def test_tools_are_rendered_as_sglang_dumps_them(tmp_path: Path, reference):
     needs(SMOLLM2)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(SMOLLM2 / name, tmp_path / name)
-    (tmp_path / "chat_template.jinja").write_text(
+    smollm2_with_template(tmp_path,
         "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
         "{% for c in m.tool_calls or [] %}{{ c.function | tojson }}{% endfor %}<|im_end|>\n{% endfor %}"
@@ -134,9 +138,7 @@ def test_what_the_renderer_cannot_follow_is_none(tmp_path: Path):
     assert tokens.of(chat({"messages": [{"role": "user", "content": [image]}]}), str(SMOLLM2)) is None
     assert tokens.of(chat({"messages": [{"role": "user", "content": 7}]}), str(SMOLLM2)) is None
     assert tokens.of(chat({"messages": [{"role": "user", "content": "hi"}]}), "/nowhere") is None  # not loaded
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(SMOLLM2 / name, tmp_path / name)
-    (tmp_path / "chat_template.jinja").write_text(
+    smollm2_with_template(tmp_path,
         "{% if messages[0].role != 'system' %}{{ raise_exception('a system message first') }}{% endif %}"
         "{% for m in messages %}{{ m.content }}{% endfor %}")
     raising = tokens_for(tmp_path)
@@ -163,9 +165,7 @@ def test_a_long_chat_gives_the_ids_of_its_first_characters(reference):
 
 def test_a_template_that_wants_tools_flat_is_tried_again_with_them(tmp_path: Path, reference):
     needs(SMOLLM2)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(SMOLLM2 / name, tmp_path / name)
-    (tmp_path / "chat_template.jinja").write_text(  # as Mistral's: tools without OpenAI's wrapper
+    smollm2_with_template(tmp_path,  # as Mistral's: tools without OpenAI's wrapper
         "{% for t in tools %}{% if t.function is defined %}{{ raise_exception('flat tools only') }}{% endif %}"
         "[{{ t.name }}]{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}")
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -203,9 +203,7 @@ def test_the_reasoning_switches_and_an_assistants_reasoning_are_rendered_as_sgla
     """chat_template_kwargs' switches are the template's variables, and reasoning_content a message's field (as
     Qwen3's template reads them)."""
     needs(SMOLLM2)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(SMOLLM2 / name, tmp_path / name)
-    (tmp_path / "chat_template.jinja").write_text(
+    smollm2_with_template(tmp_path,
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
         "</think>{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
         "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}")

@@ -1,6 +1,5 @@
 """OpenAI's `n` through the router (router/openai/fanout.py) against fake workers: n PD requests of the prompt, the
-first
-alone, the others' decode halves at once and their prefill halves to its prefill once it answered, merged into one
+first alone, the others' decode halves at once and their prefill halves to its prefill once it answered, merged into one
 answer (choice indexes, one id, the usage of the prompt once), plain and streamed; one choice failing fails the answer
 cleanly and aborts the others; n bounded."""
 

@@ -1,6 +1,5 @@
 """The inventory applied (router/checks/validation.py): every refused field on every route, unknown fields, nulls, and
-the
-limits that bodies found to crash SGLang 0.5.23 now hit at the router. Each crash case names what it did to a real
+the limits that bodies found to crash SGLang 0.5.23 now hit at the router. Each crash case names what it did to a real
 worker before (tests/e2e/test_trust_boundary.py sends the same bodies to a real cluster)."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """A decode whose KV pool is smaller than its context (router/pd/kv_fit.py) gets only prompts it can pre-allocate; a
-prompt
-no decode can take is a 400 naming the limit, at once, instead of SGLang's wait for room until the prefill's
+prompt no decode can take is a 400 naming the limit, at once, instead of SGLang's wait for room until the prefill's
 bootstrap timeout. Fake workers (tests/fakes.py): their /tokenize counts a token per two characters."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """Liveness (router/fleet/liveness.py): a worker that stops answering, or whose scheduler is stuck (its /health waits
-while
-its load snapshot stands still), is judged hung within the thresholds and live again once it answers: the verdict,
+while its load snapshot stands still), is judged hung within the thresholds and live again once it answers: the verdict,
 on a fake clock. Through the whole router, with fake workers: test_liveness_router.py."""
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Reasoning models through the router: the answer's `reasoning_content` (what the decode's reasoning parser split
-off) reaches the client as the decode wrote it, whole or streamed, one choice or n; the request fields SGLang reads
-for reasoning reach both workers as sent, typed, and a 400 names any other (router/checks/inventory/openai.py); a
-request
+"""Reasoning models through the router: the answer's `reasoning_content` (what the decode's reasoning parser split off)
+reaches the client as the decode wrote it, whole or streamed, one choice or n; the request fields SGLang reads for
+reasoning reach both workers as sent, typed, and a 400 names any other (router/checks/inventory/openai.py); a request
 that needs the reasoning parser passes only a pair whose two workers run the same one. The workers' parser itself:
 tests/unit/test_worker_capabilities.py."""
 

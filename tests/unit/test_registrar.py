@@ -120,9 +120,8 @@ def sglang_server_info(info: dict | None) -> FastAPI:
 
 
 def test_the_kv_pool_sglang_sized_is_registered_and_a_decode_short_of_its_context_says_what_it_refuses(caplog):
-    """The decode's pool (4352 tokens, as on a machine short of RAM) and reserve come from SGLang's /server_info;
-    the registration carries them, and its prompt budget is what pairing keeps longer prompts from
-    (router/pd/kv_fit.py):
+    """The decode's pool (4352 tokens, as on a machine short of RAM) and reserve come from SGLang's /server_info; the
+    registration carries them, and its prompt budget is what pairing keeps longer prompts from (router/pd/kv_fit.py):
     the pool, less the reserve and the allocator's page, in whole pages."""
     from tests.unit.test_bootstrap_service import registration
 

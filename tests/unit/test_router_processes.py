@@ -10,7 +10,8 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -39,25 +40,35 @@ def requests_total(url: str) -> float:
                if s.name == "pdcluster_router_requests_total" and s.labels.get("status") == "200")
 
 
-@pytest.fixture
-def router(tmp_path):
-    """`python -m router` with workers: 2 over a fake prefill and decode: (process, URL, decode fake)."""
-    prefill, decode = FakeWorker(), FakeWorker()
+@contextmanager
+def router_over_fakes(tmp_path: Path, config: str, env: dict[str, str] | None = None,
+                      decode: FakeWorker | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`python -m router` as users start it, over a fake prefill and a fake decode (`decode`, if given), with the
+    `config` lines in its config file: (the process, its URL) once ready; killed on the way out."""
+    prefill, decode = FakeWorker(), decode or FakeWorker()
     with ExitStack() as stack:
         p, d = stack.enter_context(ServerThread(prefill.app())), stack.enter_context(ServerThread(decode.app()))
         port = free_port()
-        config = tmp_path / "router.yaml"
-        config.write_text(f"port: {port}\nbootstrap_url: null\nworkers: 2\nhealth_interval: 0.2\n"
-                          f"prefill: [{{url: '{p.url}', kv_bootstrap_port: 8999}}]\ndecode: [{{url: '{d.url}'}}]\n")
-        proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(config)], cwd=ROOT,
+        path = tmp_path / "router.yaml"
+        path.write_text(f"port: {port}\nbootstrap_url: null\n{config}health_interval: 0.2\n"
+                        f"prefill: [{{url: '{p.url}', kv_bootstrap_port: 8999}}]\ndecode: [{{url: '{d.url}'}}]\n")
+        proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(path)], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             url = f"http://127.0.0.1:{port}"
             wait_ready(proc, url)
-            yield proc, url, decode
+            yield proc, url
         finally:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def router(tmp_path):
+    """`python -m router` with workers: 2 over a fake prefill and decode: (process, URL, decode fake)."""
+    decode = FakeWorker()
+    with router_over_fakes(tmp_path, "workers: 2\n", decode=decode) as (proc, url):
+        yield proc, url, decode
 
 
 def wait_ready(proc: subprocess.Popen, url: str) -> None:

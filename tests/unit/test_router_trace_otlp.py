@@ -9,20 +9,20 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from router.tracing import otlp as trace_otlp
-from router.tracing import spans as tracing
+from router.tracing.request_trace import CLIENT, INTERNAL, SERVER
 
 TRACE = 0x0AF7651916CD43DD8448EB211C80319C
 
 
 def records() -> list[tuple]:
-    server = ("POST /generate", tracing.SERVER, TRACE, 0xB7AD6B7169203331, 0x00F067AA0BA902B7, True, 3, "a=1,b=two",
+    server = ("POST /generate", SERVER, TRACE, 0xB7AD6B7169203331, 0x00F067AA0BA902B7, True, 3, "a=1,b=two",
               1_000, 9_000, {"http.request.method": "POST", "http.route": "/generate", "pdcluster.request_id": "r1",
                              "http.response.status_code": 502, "pdcluster.cancelled": False}, 2, "failed", ())
-    attempt = ("attempt", tracing.INTERNAL, TRACE, 7, 0xB7AD6B7169203331, False, 3, "a=1,b=two", 2_000, 8_000,
+    attempt = ("attempt", INTERNAL, TRACE, 7, 0xB7AD6B7169203331, False, 3, "a=1,b=two", 2_000, 8_000,
                {"pdcluster.attempt": 0, "pdcluster.bootstrap_room": [1 << 62, 5], "bootstrap_room": ["0x1", "0x5"],
                 "pdcluster.retryable": True, "pdcluster.failure": "prefill: HTTP 500 — é"}, 2, "prefill: HTTP 500",
                (("abort", 7_000, {"server.address": "http://d:1"}), ("abort", 7_500, {})))
-    leg = ("prefill", tracing.CLIENT, 1, (1 << 64) - 1, 7, False, 1, None, 3_000, 4_000,
+    leg = ("prefill", CLIENT, 1, (1 << 64) - 1, 7, False, 1, None, 3_000, 4_000,
            {"pdcluster.worker_id": "p" * 300, "weight": -2.5, "n": -3, "big": 1 << 63 - 1}, 0, None, ())
     return [server, attempt, leg]
 

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from router.tracing import export as trace_export
 from router.tracing import spans as tracing
+from router.tracing.request_trace import CLIENT
 from tests.fakes import FakeWorker
 from tests.helpers import free_port, until
 from tests.unit.test_router_pd import cluster
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def record(i: int) -> tuple:
     """A record as Span.end makes it, made big (a long attribute) so that a few fill a pipe."""
-    return ("decode", tracing.CLIENT, 1 << 100, i + 1, 7, False, 3, None, 1, 2, {"pad": f"{i:x<2000}", "i": i}, 0, None,
+    return ("decode", CLIENT, 1 << 100, i + 1, 7, False, 3, None, 1, 2, {"pad": f"{i:x<2000}", "i": i}, 0, None,
             ())
 
 

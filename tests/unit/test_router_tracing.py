@@ -1,8 +1,7 @@
 """The router's spans (router/tracing/spans.py) against fake workers: one request is a server span, an attempt span and
-a
-span per leg, with the pair, the bootstrap room and the outcome; each leg's request carries its own `traceparent` of
-the same trace; a retry is a second attempt span with the reason; the router's log lines about a request carry its
-trace and span ids; tracing off makes no span, sends no header and leaves the log lines as they were."""
+a span per leg, with the pair, the bootstrap room and the outcome; each leg's request carries its own `traceparent` of
+the same trace; a retry is a second attempt span with the reason; the router's log lines about a request carry its trace
+and span ids; tracing off makes no span, sends no header and leaves the log lines as they were."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from contextlib import ExitStack, contextmanager
@@ -20,10 +19,10 @@ import pytest
 
 from bench.otlp_receiver import Receiver, Span
 from pdcluster import otel
-from tests.fakes import Behaviour, FakeWorker, ServerThread
+from tests.fakes import Behaviour, FakeWorker
 from tests.helpers import free_port, until
 from tests.unit.test_router_pd import cluster
-from tests.unit.test_router_processes import wait_ready
+from tests.unit.test_router_processes import router_over_fakes
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -119,19 +118,9 @@ def test_a_collector_down_or_hanging_neither_slows_nor_fails_a_request(otel_env,
 @contextmanager
 def router_process(tmp_path: Path, endpoint: str, **env: str):
     """`python -m router` as users start it, tracing on, over fake workers, exporting to `endpoint`: the process."""
-    prefill, decode = FakeWorker(), FakeWorker()
-    with ExitStack() as stack:
-        p, d = stack.enter_context(ServerThread(prefill.app())), stack.enter_context(ServerThread(decode.app()))
-        port = free_port()
-        config = tmp_path / "router.yaml"
-        config.write_text(f"port: {port}\nbootstrap_url: null\nhealth_interval: 0.2\ntracing: true\n"
-                          f"prefill: [{{url: '{p.url}', kv_bootstrap_port: 8999}}]\ndecode: [{{url: '{d.url}'}}]\n")
-        proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(config)], cwd=ROOT,
-                                env={**os.environ, otel.SWITCH: "", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, **env},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        stack.callback(proc.kill)
-        wait_ready(proc, f"http://127.0.0.1:{port}")
-        timed_requests(f"http://127.0.0.1:{port}", 50)
+    environment = {**os.environ, otel.SWITCH: "", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, **env}
+    with router_over_fakes(tmp_path, "tracing: true\n", environment) as (proc, url):
+        timed_requests(url, 50)
         yield proc
 
 

@@ -27,7 +27,7 @@ from pdcluster.protocol import Role
 from router.config import RouterConfig, StaticWorker
 from router.fleet import health
 from router.fleet.discovery import static_worker
-from router.tracing import spans as tracing
+from router.tracing.request_trace import sglang_room
 from tests.fakes import Behaviour, FakeWorker
 from tests.unit.test_router_pd import cluster
 from tests.unit.test_router_tracing import finished, spans  # noqa: F401 - the fixture, shared by import
@@ -98,8 +98,8 @@ def test_sglangs_spans_of_each_half_nest_under_the_routers_leg(spans, sglang, st
 
 
 def test_a_batchs_rooms_are_written_as_sglang_writes_each_items():
-    assert tracing.sglang_room(255) == "0xff"
-    assert tracing.sglang_room([1, 4096]) == ["0x1", "0x1000"]
+    assert sglang_room(255) == "0xff"
+    assert sglang_room([1, 4096]) == ["0x1", "0x1000"]
 
 
 def probe_headers(traced: bool) -> list[httpx.Headers]:

@@ -1,7 +1,7 @@
-"""The shape of the tree, checked so that it stays: no production module over 300 lines (a longer one holds several
-ideas; split it by idea), and no reference to our own tracker's issue numbers in code or docs (say the thing itself:
-a number means nothing to a reader without the tracker, and nothing once the issue is closed). The functions' own
-shape (complexity, branches, statements) is ruff's, configured in pyproject.toml."""
+"""The shape of the tree, checked so that it stays: no production module over 270 lines (the limit the reviewer's
+issue sets: a longer one holds several ideas; split it by idea), and no reference to our own tracker's issue numbers in
+code or docs (say the thing itself: a number means nothing to a reader without the tracker, and nothing once the issue
+is closed). The functions' own shape (complexity, branches, statements) is ruff's, configured in pyproject.toml."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCTION = ("router", "bootstrap", "pdcluster", "prefill", "decode", "prefill.py", "decode.py")
-MAX_LINES = 300
-# Production files over the limit today. Only router/ files: the router is being rewritten on its own branch, which
-# splits them and empties this list (an entry for a file back under the limit fails too, so the list cannot go stale).
+MAX_LINES = 270
+# Production files allowed over the limit, each until it is split: none (an entry for a file back under the limit
+# fails too, so the list cannot go stale).
 OVER_LIMIT: set[str] = set()
 
 # Our tracker's numbers: the word issue (or issues) followed by a number, with or without "#"; a bare "#" and a
@@ -41,7 +41,7 @@ def project_text_files() -> list[Path]:
     return sorted(found)
 
 
-def test_no_production_file_over_300_lines():
+def test_no_production_file_over_270_lines():
     files = production_files()
     assert len(files) > 50, "the production packages were not found"
     lengths = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in files}

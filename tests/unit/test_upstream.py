@@ -4,10 +4,18 @@ How it stands up to a misbehaving worker, next to aiohttp: test_upstream_adversa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 
-from router.transport.upstream import ConnectFailed, ConnectionDropped, ReadTimeout, UpstreamClient
+from router.transport.upstream import (
+    ConnectFailed,
+    ConnectionDropped,
+    ReadTimeout,
+    UpstreamClient,
+    UpstreamResponse,
+)
 from tests.adversarial_server import CLOSE, HANG, RawServer, follow_up_body, head, pattern, with_length
 
 MiB = 1 << 20
@@ -183,28 +191,33 @@ def test_an_answer_cut_short_on_a_kept_alive_connection_is_an_error():
     run(main())
 
 
+@asynccontextmanager
+async def a_body_that_stops(read_timeout: float, read: Callable[[UpstreamResponse], Awaitable],
+                            raises: type[BaseException]) -> AsyncIterator[tuple[UpstreamClient, UpstreamResponse]]:
+    """A response whose body stops after 7 of its 100 bytes (the worker hangs), read by `read`, which must raise: the
+    client and the response, before the client closes."""
+    async with RawServer([head(content_length=100) + b"partial", HANG]) as server:
+        client = UpstreamClient(connect_timeout=2, read_timeout=read_timeout)
+        response = await client.request("POST", server.url, "/generate", b"{}")
+        with pytest.raises(raises):
+            await read(response)  # and no close(): the client must not keep that connection anyway
+        yield client, response
+        await client.close()
+
+
 def test_a_read_timeout_drops_the_connection():
     async def main():
-        async with RawServer([head(content_length=100) + b"partial", HANG]) as server:
-            client = UpstreamClient(connect_timeout=2, read_timeout=0.3)
-            response = await client.request("POST", server.url, "/generate", b"{}")
-            with pytest.raises(ReadTimeout):
-                await response.read()  # and no close(): the client must not keep that connection anyway
+        async with a_body_that_stops(0.3, UpstreamResponse.read, ReadTimeout) as (client, response):
             assert isinstance(response.error, ReadTimeout)
             assert response._conn.transport.is_closing() and not client._idle.get(response._conn.key)
-            await client.close()
     run(main())
 
 
 def test_cancelling_a_read_drops_the_connection():
     async def main():
-        async with RawServer([head(content_length=100) + b"partial", HANG]) as server:
-            client = UpstreamClient(connect_timeout=2, read_timeout=30)
-            response = await client.request("POST", server.url, "/generate", b"{}")
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(response.read(), 0.2)
+        async with a_body_that_stops(30, lambda response: asyncio.wait_for(response.read(), 0.2), TimeoutError) as (
+                _, response):
             assert response._conn.transport.is_closing() and isinstance(response.error, ConnectionDropped)
-            await client.close()
     run(main())
 
 

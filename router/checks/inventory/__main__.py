@@ -11,8 +11,7 @@ def intro(version: str) -> str:
     return f"""# Errors and limits: every request field, decided
 
 Generated from `router/checks/inventory/` by `python -m router.checks.inventory > docs/limits.md`; a unit test checks
-that it is
-current and names every field of SGLang {version}'s request types. Errors: [errors.md](errors.md).
+that it is current and names every field of SGLang {version}'s request types. Errors: [errors.md](errors.md).
 
 A field in no table, or *refused*, gets a 400 naming it, unless sent as `null` or as SGLang's default where the table
 names one (`field (default ...)`): that asks for nothing, and is left out. Every other field is type-checked strictly

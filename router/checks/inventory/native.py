@@ -46,6 +46,7 @@ CACHE_KEY = ("a cache namespace: SGLang's HiCache storage keys ignore it (sglang
              "what KV persistence stores")
 SCORING = "for SGLang's scoring API, not generation"
 REASONING = "for hybrid reasoning models only"
+GRAMMAR = "a grammar, compiled on both workers: size-limited"
 
 Prompts = Annotated[list[Text], Field(min_length=1, max_length=MAX_BATCH)]
 # Shape only: a list of ids or a batch of lists; each id is checked against the pair (router/checks/validation.py).
@@ -69,10 +70,10 @@ SAMPLING: dict[str, Rule] = {
                                                      "decode)", RepetitionPenalty | None),
     "n": bounded("1 only: the OpenAI routes serve more (here, send n requests)", One | None),
     "beam_width": refused("beam search: " + NOT_PD),
-    "json_schema": bounded("a grammar, compiled on both workers: size-limited", Grammar | None),
-    "regex": bounded("a grammar, compiled on both workers: size-limited", Grammar | None),
-    "ebnf": bounded("a grammar, compiled on both workers: size-limited", Grammar | None),
-    "structural_tag": bounded("a grammar, compiled on both workers: size-limited", Grammar | None),
+    "json_schema": bounded(GRAMMAR, Grammar | None),
+    "regex": bounded(GRAMMAR, Grammar | None),
+    "ebnf": bounded(GRAMMAR, Grammar | None),
+    "structural_tag": bounded(GRAMMAR, Grammar | None),
     "ignore_eos": passed("", Flag | None),
     "skip_special_tokens": passed("", Flag | None),
     "spaces_between_special_tokens": passed("", Flag | None),

@@ -1,26 +1,40 @@
 """The OpenAI API: every field of SGLang's `ChatCompletionRequest` and `CompletionRequest`
-(sglang/srt/entrypoints/openai/protocol.py), and of a chat message, decided. Sampling fields shared with the native
-API take the native rule, so that one value is judged one way on every route."""
+(sglang/srt/entrypoints/openai/protocol.py), and of a chat message, decided; the structured values' types are
+router/checks/inventory/openai_types.py's. A field shared with the native API that means the same there takes the
+native rule, so that one value is judged one way, for one reason, on every route."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import Field, StrictStr
 
 from router.checks.inventory.native import (
     CACHE_KEY,
     DP,
+    GENERATE,
     MULTIMODAL,
     REASONING,
     ROUTER_PD,
     SAMPLING,
     Prompts,
 )
+from router.checks.inventory.openai_types import (
+    CalledFunction,
+    CallId,
+    Content,
+    FunctionName,
+    Metadata,
+    ResponseFormat,
+    StreamOptions,
+    ThinkingSwitches,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolFunction,
+)
 from router.checks.inventory.rules import (
     MAX_MESSAGES,
-    MAX_NAME_CHARS,
-    MAX_TOOL_TEXT,
     MAX_TOOLS,
     Choices,
     ClientId,
@@ -33,7 +47,6 @@ from router.checks.inventory.rules import (
     PositiveCount,
     Rule,
     Seed,
-    Temperature,
     Text,
     TopLogprobs,
     bounded,
@@ -45,91 +58,7 @@ from router.checks.inventory.rules import (
 )
 
 REASONING_SPLIT = "true: split by the decode's parser"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class ThinkingSwitches(_Strict):
-    """The two names SGLang's reasoning code reads a template's switch by (serving_chat.py's
-    `_get_reasoning_toggle_param`): a boolean reaches the template as one variable more, which breaks none."""
-
-    enable_thinking: bool | None = None
-    thinking: bool | None = None
-
-
-class StreamOptions(_Strict):
-    include_usage: bool | None = None
-    continuous_usage_stats: bool | None = None
-
-
-class JsonSchemaFormat(_Strict):
-    name: Name
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-# OpenAI's metadata: at most 16 pairs, keys of 64 characters, values of 512.
-Metadata = Annotated[dict[Annotated[StrictStr, Field(max_length=64)], Annotated[StrictStr, Field(max_length=512)]],
-                     Field(max_length=16)]
 OPENAI_SERVICE = "OpenAI's own service; nothing here acts on it"
-
-
-class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-Content = Text | Annotated[list[TextPart], Field(min_length=1)]
-
-# Tool calling, as OpenAI's API has it (function tools only). A function's name follows OpenAI's rule; its parameters
-# schema is a grammar once tool_choice is required or named, checked as one (router/chat_tools.py).
-ToolName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
-ToolText = Annotated[StrictStr, Field(max_length=MAX_TOOL_TEXT)]
-CallId = Annotated[StrictStr, Field(min_length=1, max_length=MAX_NAME_CHARS)]
-
-
-class ToolFunction(_Strict):
-    name: ToolName
-    description: ToolText | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class Tool(_Strict):
-    type: Literal["function"] = "function"
-    function: ToolFunction
-
-
-class FunctionName(_Strict):
-    name: ToolName
-
-
-class NamedTool(_Strict):
-    type: Literal["function"] = "function"
-    function: FunctionName
-
-
-class CalledFunction(_Strict):
-    name: ToolName
-    arguments: ToolText  # a JSON object, as text
-
-
-class ToolCall(_Strict):
-    id: CallId
-    type: Literal["function"] = "function"
-    function: CalledFunction
-    index: Annotated[StrictInt, Field(ge=0, lt=MAX_TOOLS)] | None = None
-
-
-ToolChoice = Literal["none", "auto", "required"] | NamedTool
 
 # A chat message. Non-text parts are refused with the fields that need them. OpenAI's own fields of an assistant
 # message are those its clients send back as they got them (openai-python's `message.model_dump()`): SGLang drops
@@ -166,7 +95,7 @@ COMMON: dict[str, Rule] = {
     "stop": SAMPLING["stop"],
     "stream": passed("", Flag),
     "stream_options": passed("include_usage, continuous_usage_stats", StreamOptions | None),
-    "temperature": bounded("finite, >= 0", Temperature | None),
+    "temperature": SAMPLING["temperature"],
     "top_p": SAMPLING["top_p"],
     "top_k": SAMPLING["top_k"],
     "min_p": SAMPLING["min_p"],
@@ -187,16 +116,15 @@ COMMON: dict[str, Rule] = {
     "return_token_ids": passed("", Flag),
     "return_cached_tokens_details": passed("", Flag),
     "return_spec_tokens_details": refused("speculative decoding internals", default=False),
-    "return_hidden_states": refused("needs --enable-return-hidden-states on both workers; large answers",
-                                    default=False),
-    "return_routed_experts": refused("mixture-of-experts internals", default=False),
-    "routed_experts_start_len": refused("mixture-of-experts internals", default=0),
+    "return_hidden_states": GENERATE["return_hidden_states"],
+    "return_routed_experts": GENERATE["return_routed_experts"],
+    "routed_experts_start_len": GENERATE["routed_experts_start_len"],
     "custom_params": SAMPLING["custom_params"],
-    "custom_logit_processor": refused("serialized Python code run on the worker"),
+    "custom_logit_processor": GENERATE["custom_logit_processor"],
     "watermark": SAMPLING["watermark"],
-    "lora_path": refused("no LoRA adapters are served, and a path names a file on the worker"),
-    "session_id": refused("sessions keep state on one worker; a PD pair is chosen per request"),
-    "session_params": refused("sessions keep state on one worker; a PD pair is chosen per request"),
+    "lora_path": GENERATE["lora_path"],
+    "session_id": GENERATE["session_id"],
+    "session_params": GENERATE["session_params"],
     "images_config": refused(MULTIMODAL),
     "mm_processor_kwargs": refused(MULTIMODAL),
     "bootstrap_host": refused(ROUTER_PD),
@@ -207,7 +135,7 @@ COMMON: dict[str, Rule] = {
     "disagg_prefill_dp_rank": refused(DP),
     "extra_key": refused(CACHE_KEY),
     "cache_salt": refused(CACHE_KEY),
-    "priority": refused("a client must not choose its own priority (and it needs priority scheduling on)"),
+    "priority": GENERATE["priority"],
 }
 
 CHAT: dict[str, Rule] = {
@@ -249,7 +177,7 @@ CHAT: dict[str, Rule] = {
     "task": refused("a task tag of one model family's chat template"),
     "return_sampling_mask": refused("per-token sampling support: large answers the router does not merge",
                                     default=False),
-    "sampling_logprobs_mode": refused("per-token sampling support: large answers the router does not merge"),
+    "sampling_logprobs_mode": GENERATE["sampling_logprobs_mode"],
     "return_flat_raw_output_top_logprobs": refused("another logprob layout", default=False),
     "return_flat_raw_top_logprobs_b64": refused("another logprob layout", default=True),
     "input_ids": refused("a chat is its messages: send token ids to /v1/completions or /generate"),
@@ -273,5 +201,5 @@ COMPLETION: dict[str, Rule] = {
                           PairLimit.TOKENS),
     "suffix": refused("insertion (fill in the middle) is not supported by SGLang"),
     "json_schema": SAMPLING["json_schema"],
-    "custom_labels": refused("metric labels chosen by clients would grow the workers' metrics without bound"),
+    "custom_labels": GENERATE["custom_labels"],
 }
