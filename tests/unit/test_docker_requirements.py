@@ -57,4 +57,5 @@ def test_the_dockerfiles_command_prints_them_one_a_line(pyproject):
                          text=True, check=True, timeout=60).stdout
     assert out.splitlines() == _module().requirements(pyproject, "cpu")
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()
-    assert "python /usr/local/bin/requirements.py /tmp/pyproject.toml cpu > /requirements.txt" in dockerfile
+    assert "python /usr/local/bin/requirements.py /tmp/pyproject.toml $target > /requirements-$target.txt" in dockerfile
+    assert "COPY --from=requirements /requirements-cpu.txt /tmp/requirements.txt" in dockerfile
