@@ -1,6 +1,6 @@
--- wrk script for bench.loadgen: POST one JSON body on every keep-alive connection, check each answer, and print
--- one JSON line of results at the end (latencies in microseconds).
--- usage: wrk ... -s bench/wrk_post.lua URL -- PATH BODY STREAM(0|1)
+-- wrk script for bench.harness.loadgen: POST one JSON body on every keep-alive connection, check each answer, and
+-- print one JSON line of results at the end (latencies in microseconds).
+-- usage: wrk ... -s bench/harness/wrk_post.lua URL -- PATH BODY STREAM(0|1)
 
 local threads = {}
 

@@ -1,5 +1,5 @@
-"""bench.clients' verdict on guidellm's JSON reports (one per endpoint): every request answered, none errored or left
-incomplete, every answer parsed (text, the asked token count, streamed in pieces); then TTFT/ITL percentiles per
+"""bench.openai.clients' verdict on guidellm's JSON reports (one per endpoint): every request answered, none errored or
+left incomplete, every answer parsed (text, the asked token count, streamed in pieces); then TTFT/ITL percentiles per
 endpoint and concurrency, the summary bench/results/clients.json holds, and its picture.
 
 guidellm exits 0 whatever its requests did: it files a failed one (an HTTP error, an SSE line that is not JSON, an
