@@ -80,12 +80,12 @@ bench:
 # The router's CPU per request with tracing off, on, and on with 1% of requests sampled, on fake workers (~5 min):
 # bench/results/tracing-cost.json and .png.
 bench-tracing:
-	$(PY) -m bench.tracing_cost
+	$(PY) -m bench.tracing.cost
 
 # The same routers' instructions per request under valgrind's callgrind, steady where CPU time is noisy (~8 min):
 # bench/results/tracing-instructions.json and .png.
 bench-tracing-instructions:
-	$(PY) -m bench.tracing_instructions
+	$(PY) -m bench.tracing.instructions
 
 # Real clusters on the CPU demo model under sglang.bench_serving (~18 min): our router vs SGLang's (and vs an
 # identical twin of ours: the noise), PD vs colocated, prefix vs round robin, sleep-on-idle on vs off, idle CPU:
@@ -123,7 +123,7 @@ bench-persistence:
 # OpenAI's n = 4 against n = 1 on a ~1000-token prompt through PD, on SmolLM2 (~10 min): bench/results/n-choices.json
 # and .png.
 bench-n:
-	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.n_choices
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.openai.n_choices
 
 # The prefill policies (round_robin, prefix, cache_aware) side by side on 2 prefills + 1 decode, SmolLM2, tenants
 # with long shared prompts (~25 min; QUICK=1: a check of the harness; bench.routing --dry-run: the workload only):
@@ -138,11 +138,11 @@ bench-routing:
 # cache_aware across a router restart and a prefill restart on real SGLang (~12 min; SHARED=1: both prefills on one
 # KV store directory, routing-restarts-shared.json; needs ~15.5 GiB of RAM available, SGLang's HiCache reserve):
 bench-routing-restarts:
-	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing_restarts $(if $(SHARED),--shared-store)
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.routing.restarts $(if $(SHARED),--shared-store)
 
 # cache_aware's decision (tokenizing, the index walk) and its KV event stream, in the router's process (~1 min):
 bench-routing-decision:
-	$(PY) -m bench.routing_decision
+	$(PY) -m bench.routing.decision
 
 # One prompt's KV (1k-8k tokens of SmolLM2-135M) moved prefill -> decode through Mooncake's TCP transport as SGLang's
 # connector sends it, against a loopback socket moving the same bytes, with Mooncake's knobs (~2-3 min, no SGLang):
@@ -154,12 +154,12 @@ bench-kv-handoff:
 # requests per cell, /v1/chat/completions and /v1/completions at 1 and 4 streams; fails on any errored, incomplete or
 # unparsed answer: bench/results/clients.json and .png. Its first run builds .venv-clients (~6 GB: CUDA torch).
 bench-clients: $(CLIENTS_VENV)/.installed
-	$(PY) -m bench.clients --url $(ROUTER_URL) --guidellm $(CLIENTS_VENV)/bin/guidellm
+	$(PY) -m bench.openai.clients --url $(ROUTER_URL) --guidellm $(CLIENTS_VENV)/bin/guidellm
 
 # Remade when the pins change; the stamp is written last, so an install that failed is tried again.
-$(CLIENTS_VENV)/.installed: bench/clients-requirements.txt
+$(CLIENTS_VENV)/.installed: bench/openai/clients-requirements.txt
 	@test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
-	$(CLIENTS_VENV)/bin/python -m pip install -q -r bench/clients-requirements.txt
+	$(CLIENTS_VENV)/bin/python -m pip install -q -r bench/openai/clients-requirements.txt
 	touch $@
 
 clean:

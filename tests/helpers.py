@@ -2,8 +2,8 @@
 (pdcluster.local: tests/e2e*, tests/chaos) ask it. The hermetic fake worker is tests/fakes.py; each suite's
 conftest.py has what only that suite needs.
 
-free_port is bench/'s (bench.procs): the tests may import from bench/ (they test its code and start its decode-only
-worker), bench/ never from tests/, so what both need lives on that side.
+free_port is bench/'s (bench.harness.procs): the tests may import from bench/ (they test its code and start its
+decode-only worker), bench/ never from tests/, so what both need lives on that side.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import httpx
 import psutil
 
-from bench.procs import free_port
+from bench.harness.procs import free_port
 
 __all__ = ["free_port", "give_up", "listing", "seconds_until", "serving", "start_cluster", "until", "used_tokens",
            "worker_id", "worker_url"]

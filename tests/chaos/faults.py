@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from bench.procs import tree
+from bench.harness.procs import tree
 from pdcluster.local import LocalCluster
 from tests.chaos.cluster import DETECT_LIMIT, HANG_SECONDS, LIMITS, all_serving, registered, sglang_main, worker_healthy
 from tests.chaos.load import Load

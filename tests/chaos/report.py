@@ -7,7 +7,7 @@ import re
 import statistics
 from pathlib import Path
 
-from bench.plot import pyplot, save
+from bench.harness.plot import pyplot, save
 from tests.chaos.cluster import DEADLINE, SIZES
 from tests.chaos.load import Record
 

@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from bench.otlp_receiver import Receiver
+from bench.harness.otlp_receiver import Receiver
 from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
 from pdcluster.models import DEMO_ARGS
 from tests.e2e.reference import ReferenceModel

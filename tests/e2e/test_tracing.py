@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from bench.otlp_receiver import Receiver, Span
+from bench.harness.otlp_receiver import Receiver, Span
 from tests.e2e.conftest import REPO
 from tests.e2e.fault_proxy import FaultProxy, Faults
 from tests.helpers import CLUSTER_POLL, free_port, until, worker_url

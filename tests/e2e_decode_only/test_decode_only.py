@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from bench.decode_only import fake_kv
+from bench.cluster.decode_only import fake_kv
 
 
 @pytest.mark.parametrize("max_new", [1, 24])

@@ -1,4 +1,4 @@
-"""`make bench-clients`' verdict on guidellm's JSON report (bench/clients_report.py), on a report captured from
+"""`make bench-clients`' verdict on guidellm's JSON report (bench/openai/clients_report.py), on a report captured from
 guidellm 0.8.1 against its own mock server and trimmed (tests/unit/data/guidellm-report.json: chat, 1 and 4 streams,
 3 requests each), and a request it filed as errored against a server that answered 500."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import clients, clients_report
+from bench.openai import clients, clients_report
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import cluster_report
-from bench.cluster_targets import MODELS, colocated_command
+from bench.cluster import report as cluster_report
+from bench.harness.clusters import MODELS, colocated_command
 
 
 def run(target: str, throughput: float, ttft: float, workload: str = "random", session: str = "main",

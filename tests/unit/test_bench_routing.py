@@ -10,8 +10,10 @@ from collections import Counter
 
 import pytest
 
-from bench import routing, routing_report
-from bench.routing_report import Shape
+from bench.routing import load
+from bench.routing import report as routing_report
+from bench.routing.__main__ import main as run_routing
+from bench.routing.report import Shape
 
 
 def test_the_workload_is_tenants_sharing_long_prefixes_with_zipf_popularity():
@@ -46,8 +48,8 @@ def test_a_chats_turn_carries_the_chat_so_far_and_is_sent_only_once_the_turn_bef
 
     texts = [r.text for r in requests]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(routing, "one", answer_later)
-        answers = asyncio.run(routing.drive("http://x", texts, 4, [r.after for r in requests]))
+        patch.setattr(load, "one", answer_later)
+        answers = asyncio.run(load.drive("http://x", texts, 4, [r.after for r in requests]))
     assert [a["text"] for a in answers] == texts
     assert all(log.index(("answered", before)) < log.index(("sent", i)) for i, before in follows)
     assert sent != list(range(len(texts)))  # a waiting turn let later requests pass it
@@ -68,9 +70,9 @@ def test_the_open_loop_sends_at_seeded_arrivals_without_waiting_for_answers_but_
         return {"text": text}
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(routing, "one", slow_answer)
-        answers = asyncio.run(routing.drive_open("http://x", texts, 500.0, after, seed=1))
-        again = asyncio.run(routing.drive_open("http://x", texts, 500.0, after, seed=1))
+        patch.setattr(load, "one", slow_answer)
+        answers = asyncio.run(load.drive_open("http://x", texts, 500.0, after, seed=1))
+        again = asyncio.run(load.drive_open("http://x", texts, 500.0, after, seed=1))
     assert [a["text"] for a in answers] == texts and most > 4  # arrivals did not wait for answers
     assert [a["due_s"] for a in answers] == [a["due_s"] for a in again]  # the same arrivals for every policy
     assert all(a["sent_s"] >= a["due_s"] for a in answers)
@@ -120,14 +122,14 @@ def test_the_picture_is_drawn(tmp_path):
 
 
 def test_the_dry_run_starts_nothing_and_shows_the_workload_and_its_oracle(demo_model, capsys):
-    assert routing.main(["--dry-run", "--quick", "--model", "tiny-llama"]) == 0
+    assert run_routing(["--dry-run", "--quick", "--model", "tiny-llama"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["shape"]["tenants"] == 2 and sum(shown["requests_per_tenant"]) == 12
     assert 0 < shown["oracle_cached_tokens (page 1)"] < shown["prompt_tokens"]
 
 
 def test_restarts_recovery_is_when_four_answers_in_a_row_hold_nine_tenths_of_steady():
-    from bench import routing_restarts as restarts
+    from bench.routing import restarts
 
     def answer(ended: float, cached: int, error: bool = False) -> dict:
         return {"ended": ended, "cached_tokens": cached, "prompt_tokens": 100, "error": "x" if error else None}
@@ -157,7 +159,7 @@ def test_chats_carry_their_turns_so_far_and_keep_single_questions_as_they_were()
 
 
 def test_restarts_count_what_the_restarted_prefill_served_once_back_and_share_one_store_dir(tmp_path):
-    from bench import routing_restarts as restarts
+    from bench.routing import restarts
 
     def answer(ended: float, port: int, cached: int, storage: int = 0) -> dict:
         return {"ended": ended, "prefill": f"prefill-127.0.0.1-{port}", "cached_tokens": cached,

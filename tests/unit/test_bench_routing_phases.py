@@ -1,4 +1,4 @@
-"""bench.routing_phases: a routing run's timeline from its answers, sent times kept or replayed from bench.routing's
+"""bench.routing.phases: a routing run's timeline from its answers, sent times kept or replayed from bench.routing's
 closed loop, and where its TTFT went."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from bench import routing, routing_phases
-from bench.routing_report import Shape, workload
+from bench.routing import load
+from bench.routing import phases as routing_phases
+from bench.routing.report import Shape, workload
 
 
 def answer(prefill: str, ttft: float, seconds: float, computed: int, sent: float | None = None) -> dict:
@@ -29,8 +30,8 @@ def test_the_replay_sends_as_the_closed_loop_did():
         return {"seconds": seconds[texts.index(text)]}
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(routing, "one", timed)
-        answers = asyncio.run(routing.drive("http://x", texts, 2, [r.after for r in requests]))
+        patch.setattr(load, "one", timed)
+        answers = asyncio.run(load.drive("http://x", texts, 2, [r.after for r in requests]))
     replayed = routing_phases.replay(answers, [r.after for r in requests], 2)
     assert replayed == pytest.approx([a["sent_s"] for a in answers], abs=0.008)
     assert max(replayed) > 0 and any(r.after is not None for r in requests)

@@ -1,4 +1,4 @@
-"""bench.tracing_instructions' pure parts: per-round ratios of instructions per request against tracing off, the
+"""bench.tracing.instructions' pure parts: per-round ratios of instructions per request against tracing off, the
 floor's share of an untraced request, and the floor's code itself running (valgrind only counts it)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench import tracing_instructions as ti
+from bench.tracing import instructions as ti
 
 
 def cells(per_request: dict[str, list[int]], mode: str = "plain") -> list[dict]:

@@ -1,6 +1,6 @@
-"""bench.kv_handoff_plan: the KV bytes a prompt moves and the transfers SGLang's mooncake connector makes of them."""
+"""bench.kv_handoff.plan: the KV bytes a prompt moves and the transfers SGLang's mooncake connector makes of them."""
 
-from bench.kv_handoff_plan import (
+from bench.kv_handoff.plan import (
     group_contiguous,
     kv_bytes_per_token,
     kv_shape,

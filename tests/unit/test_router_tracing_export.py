@@ -1,6 +1,7 @@
 """The router's spans over real OTLP/HTTP (its exporter process: the SDK's BatchSpanProcessor and OTLP exporter,
 configured by the OTEL_* variables) to an in-process receiver that decodes them as a collector does
-(bench/otlp_receiver.py), over fake workers: one trace per request with the attributes docs/operations.md promises.
+(bench/harness/otlp_receiver.py), over fake workers: one trace per request with the attributes docs/operations.md
+promises.
 Then a collector that is down, and one that accepts and never answers: requests still answer at once, nothing piles
 up, and the router still stops within its bound."""
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.otlp_receiver import Receiver, Span
+from bench.harness.otlp_receiver import Receiver, Span
 from pdcluster import otel
 from tests.fakes import Behaviour, FakeWorker
 from tests.helpers import free_port, until

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, processors
 
-from bench.routing_report import WORDS
+from bench.routing.report import WORDS
 from router.kv_routing import token_pieces
 from router.kv_routing.token_pieces import PIECE_CHARS, SAMPLE, PieceTokenizer, pieces
 
