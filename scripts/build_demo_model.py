@@ -10,7 +10,7 @@ Usage: python scripts/build_demo_model.py [--out models/tiny-llama] [--force]
        [--initializer-range X]
 With no size/seed option the result is the demo model, byte for byte. Other seeds give other weights with the same
 tokenizer (tests: a model that must never read the demo model's stored KV); other sizes give a model whose prefill
-costs seconds on a CPU (bench/persistence.py).
+costs seconds on a CPU (bench/persistence/).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The router's HTTP edge: the PD routes as bare ASGI, every other route through FastAPI.
 
 Why the PD routes skip the framework: FastAPI/Starlette cost ~0.07 ms of CPU per plain request and ~0.25 ms per
-streamed one (bench/README.md, "How it got there"), as much as the rest of the router's work on a request. Here a
+streamed one (bench/README.md, "Router benchmark"), as much as the rest of the router's work on a request. Here a
 route is a function from an EdgeRequest to an Answer or a StreamAnswer; uvicorn still parses HTTP.
 
 A client that disconnects is noticed within WATCH_AFTER (uvicorn's receive() returns http.disconnect): the task

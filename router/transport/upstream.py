@@ -2,7 +2,7 @@
 
 Why not a general-purpose client: every client request costs the router two upstream requests, and the client
 was most of the router's CPU. CPU per request against the same fake worker at concurrency 1/32/256
-(bench/README.md, "How it got there"): httpx 0.9-5.1 ms, aiohttp 0.12-0.21 ms, pyreqwest 0.05-0.12 ms, this 0.03-0.06.
+(bench/README.md, "Router benchmark"): httpx 0.9-5.1 ms, aiohttp 0.12-0.21 ms, pyreqwest 0.05-0.12 ms, this 0.03-0.06.
 It does only what the router needs of SGLang's HTTP servers: a request with a bytes body, a response with a
 content-length, chunked or close-delimited body, read whole or as it arrives. No TLS, redirects, proxies,
 decompression (bytes are relayed as the worker sent them) or HEAD. The parser is httptools (llhttp, as uvicorn uses).
