@@ -32,7 +32,7 @@ from pdcluster.http import ApiError, error_body
 from router.config import RouterConfig
 from router.fleet.workers import Worker
 from router.metrics import RouterMetrics
-from router.openai.openai_answer import dumps, merged_answer, merged_usage, number
+from router.openai.openai_answer import dumps, merged_answer, merged_event, merged_usage
 from router.pd.logprobs import sse_events
 from router.pd.request import PdRequest, new_rid
 from router.transport.edge import Answer, StreamAnswer, error_answer
@@ -215,7 +215,7 @@ class FanOut:
                     if index == 0:  # the first ended (well), maybe before its prefill half answered
                         self._open()
                     continue
-                out = self._event(index, event, usages)
+                out = merged_event(event, index, self.n, self.id, self.created, usages)
                 if out is None:
                     continue
                 if first:
@@ -233,28 +233,6 @@ class FanOut:
             yield b"data: [DONE]\n\n"
         finally:
             await self._stop()
-
-    def _event(self, index: int, event: bytes, usages: dict[int, tuple[dict, dict]]) -> bytes | None:
-        """Choice `index`'s event as the client gets it; None: none (its [DONE], its usage, kept for the end)."""
-        if not event.startswith(b"data: {"):
-            return None if event.startswith(b"data: [DONE]") else event
-        try:
-            data = json.loads(event[6:])
-        except ValueError:
-            return event
-        if not isinstance(data, dict) or not isinstance(choices := data.get("choices"), list):
-            return event  # an error event (the router's shape already), or what no choice is part of
-        if not choices:
-            if isinstance(data.get("usage"), dict):
-                usages[index] = (data, data["usage"])
-                return None
-            if index:  # the answer's extras (sglext: the prompt's cache details): the first choice's only
-                return None
-        for choice in choices:
-            if isinstance(choice, dict):
-                choice["index"] = number(choice.get("index")) * self.n + index
-        data["id"], data["created"] = self.id, self.created
-        return b"data: " + dumps(data) + b"\n\n"
 
     def _close(self) -> None:
         """The edge is done with the stream, however it ended (also before its first chunk was pulled)."""
