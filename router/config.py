@@ -17,9 +17,8 @@ from pydantic import (
 
 from pdcluster.config_file import secret_or_env
 
-# The load-balancing policies, one class each in router/pd/pairing.py's REGISTRY (tests/unit/test_policies.py checks
-# that
-# both name the same): named here, so that the config does not import the request path.
+# The load-balancing policies, one class each in router/pd/policies.py's REGISTRY (tests/unit/test_policies.py checks
+# that both name the same): named here, so that the config does not import the request path.
 POLICIES = ("round_robin", "random", "power_of_two", "prefix", "cache_aware")
 
 

@@ -1,17 +1,18 @@
 """The prefill's half of an attempt (router/pd/attempt.py): its prompt booked on both workers of the pair until the KV
-is sent (the tokens the prefill will compute: cache_aware's count, else the estimate); sent at once, or, for a
-fan-out's later choice, once its gate opens (router/openai/fanout.py); its answer let finish within PREFILL_GRACE of
-the decode's.
+is sent (the tokens the prefill will compute: the prefill policy's count in the pair's `Choice`, else the estimate);
+sent at once, or, for a fan-out's later choice, once its gate opens (router/pd/fan_out_options.py); its answer let
+finish within PREFILL_GRACE of the decode's.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from router.fleet.workers import Worker
 from router.pd import failures
 from router.pd.failures import TRANSPORT_ERRORS, HalfFailed
+from router.pd.fan_out_options import FanOutOptions
 from router.pd.request import PdRequest
+from router.routing.policy import Choice
 from router.transport.upstream import UpstreamClient, UpstreamResponse
 
 PREFILL_GRACE = 30.0  # seconds a prefill's answer may trail the decode's before it is cut off
@@ -21,22 +22,24 @@ class PrefillHalf:
     """The prefill's half, sent by a task; `future` holds its answer (or its HalfFailed), never relayed (waited for
     its input logprobs only). Failed, it interrupts the decode's response (no KV will come). It may trail it."""
 
-    def __init__(self, client: UpstreamClient, worker: Worker, request: PdRequest, body: bytes, decode: Worker):
-        self.client, self.worker, self.body, self.request = client, worker, body, request
+    def __init__(self, client: UpstreamClient, request: PdRequest, choice: Choice, body: bytes,
+                 fanned: FanOutOptions | None):
+        self.client, self.worker, self.body, self.request = client, choice.prefill, body, request
         self.failure: HalfFailed | None = None
         self.sent = False  # held at a fan-out's gate until its prompt is cached, else sent at once
         self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
-        self.prompt_tokens, self.books = request.checked.prompt_tokens, [worker, decode]  # unbook() empties it
-        self.work = self.prompt_tokens if request.prefill_work is None else request.prefill_work  # cache_aware's
+        self.prompt_tokens = request.checked.prompt_tokens
+        self.books = [choice.prefill, choice.decode]  # unbook() empties it
+        self.work = self.prompt_tokens if choice.prefill_work is None else choice.prefill_work  # cache_aware's
         for booked in self.books:
             booked.book(self.prompt_tokens, self.work)
-        self.future: asyncio.Future = asyncio.ensure_future(self._send())
+        self.future: asyncio.Future = asyncio.ensure_future(self._send(fanned.prefill_gate if fanned else None))
         self.future.add_done_callback(self._done)
-        if (paired := request.on_paired) is not None:  # a fan-out's first choice (router/openai/fanout.py)
-            paired(worker, self.future)
+        if fanned is not None and fanned.on_paired is not None:  # a fan-out's first choice (router/openai/fanout.py)
+            fanned.on_paired(self.worker, self.future)
 
-    async def _send(self) -> bytes:
-        if (gate := self.request.prefill_gate) is not None:  # a fan-out's later choice: sent once its prompt is cached
+    async def _send(self, gate: asyncio.Future | None) -> bytes:
+        if gate is not None:  # a fan-out's later choice: sent once its prompt is cached
             await asyncio.shield(gate)  # meanwhile its decode half's handshake is done
         self.sent, r = True, None
         try:
