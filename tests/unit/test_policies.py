@@ -1,11 +1,14 @@
-"""Each policy's choice on a known sequence, and pairing: the stages before a policy's pick, and its hooks."""
+"""Each policy's choice on a known sequence, the one registry that names them (and the config that accepts those
+names only), and pairing: the stages before a policy's pick, and its hooks."""
 
 import pytest
+from pydantic import ValidationError
 
 from pdcluster.http import ApiError
 from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
+from router.__main__ import main as router_main
 from router.checks.checked import Checked
-from router.config import POLICIES
+from router.config import RouterConfig
 from router.fleet.workers import CircuitBreaker, Worker, WorkerPool
 from router.pd.pairing import Pairing
 from router.pd.policies import REGISTRY, make_policy
@@ -19,6 +22,7 @@ def prompt(text: str) -> RoutingView:
 
 
 NO_PROMPT = prompt("")
+UNKNOWN = "unknown policy 'fastest'; known: cache_aware, power_of_two, prefix, random, round_robin"
 
 
 def workers(*loads: int) -> list[Worker]:
@@ -33,7 +37,25 @@ def ids(chosen: list[Worker]) -> list[str]:
 def test_registry_names():
     assert sorted(REGISTRY) == ["cache_aware", "power_of_two", "prefix", "random", "round_robin"]
     assert all(make_policy(name).name == name for name in REGISTRY)
-    assert sorted(POLICIES) == sorted(REGISTRY), "the config accepts the names of the policies there are"
+
+
+def test_the_config_accepts_the_names_of_the_policies_there_are_and_refuses_others_clearly(tmp_path, capsys):
+    known = {"policies": REGISTRY}  # as the router's command passes them (router/__main__.py)
+    for name in REGISTRY:
+        assert RouterConfig.model_validate({"prefill_policy": name, "decode_policy": name}, context=known)
+    for field in ("prefill_policy", "decode_policy"):
+        with pytest.raises(ValidationError, match=UNKNOWN) as refused:
+            RouterConfig.model_validate({field: "fastest"}, context=known)
+        assert refused.value.errors()[0]["loc"] == (field,)
+    bad = tmp_path / "router.yaml"
+    bad.write_text("prefill_policy: fastest\n")
+    with pytest.raises(SystemExit) as exited:
+        router_main(["--config", str(bad), "--dry-run"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"router: error: {bad}: prefill_policy: Value error, {UNKNOWN}\n"
+    # A config made in code is not checked against the registry: the app refuses the name when it makes the policy.
+    with pytest.raises(ValueError, match=UNKNOWN):
+        make_policy(RouterConfig(prefill_policy="fastest").prefill_policy)
 
 
 def test_round_robin_cycles_in_order():
