@@ -76,8 +76,8 @@ class FanOut:
         loop = asyncio.get_running_loop()
         self.paired: asyncio.Future[None] = loop.create_future()  # the later choices are started
         self.go: asyncio.Future[None] = loop.create_future()  # the later choices' prefill halves may go
-        # How each choice is served apart from a lone request: the first tells when it is paired, the later ones wait
-        # at the gate (and are timed as one answer, the fan-out's).
+        # How each choice is served apart from a lone request (each timed only as part of the fan-out's answer): the
+        # first tells when it is paired, the later ones wait at the gate.
         self.options = [FanOutOptions(on_paired=self._paired), *(FanOutOptions(prefill_gate=self.go)
                                                                    for _ in range(self.n - 1))]
         self.serving: list[asyncio.Future] = []  # each choice's PdService.serve, as it is started
