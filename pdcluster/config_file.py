@@ -75,13 +75,15 @@ def secret_or_env(configured: str | None, env_var: str) -> str | None:
     return configured or os.environ.get(env_var) or None
 
 
-def load_model(model: type[Model], path: str | Path | None, overrides: dict[str, Any], prog: str) -> Model:
+def load_model(model: type[Model], path: str | Path | None, overrides: dict[str, Any], prog: str,
+               context: dict[str, Any] | None = None) -> Model:
     """A component's config: its YAML file (none: every default) with the command line's non-None `overrides` on
-    top, validated by `model`. On a problem: `<prog>: error: <one line>` on stderr and exit status 2."""
+    top, validated by `model` (given `context`: what its validators need of the component, the router's policy
+    names). On a problem: `<prog>: error: <one line>` on stderr and exit status 2."""
     try:
         data = load_yaml(path) if path else {}
         data.update({key: value for key, value in overrides.items() if value is not None})
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         fail(prog, validation_message(exc, str(path or "config")))
     except ConfigError as exc:

@@ -11,6 +11,7 @@ from pdcluster.logs import setup_logging
 
 def main(argv: list[str] | None = None) -> int:
     from router.config import RouterConfig
+    from router.pd.policies import REGISTRY
 
     parser = argparse.ArgumentParser(prog="python -m router")
     parser.add_argument("--config", help="YAML file with the router's settings")
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = load_model(RouterConfig, args.config,
                         {"host": args.host, "port": args.port, "bootstrap_url": args.bootstrap_url,
-                                            "workers": args.workers}, prog="router")
+                         "workers": args.workers}, prog="router", context={"policies": REGISTRY})
     if args.dry_run:
         print(config.model_dump_json(indent=2))
         return 0

@@ -23,7 +23,8 @@ from router.kv_routing import kv_events
 from router.metrics import RouterMetrics
 from router.pd.admission import Admissions
 from router.pd.attempt import Dispatcher
-from router.pd.pairing import Pairing, make_policy
+from router.pd.pairing import Pairing
+from router.pd.policies import make_policy
 from router.service import PdService
 from router.transport.edge import Edge
 from router.transport.upstream import UpstreamClient

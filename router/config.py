@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -11,25 +12,29 @@ from pydantic import (
     ConfigDict,
     Field,
     HttpUrl,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from pdcluster.config_file import secret_or_env
 
-# The load-balancing policies, one class each in router/pd/pairing.py's REGISTRY (tests/unit/test_policies.py checks
-# that
-# both name the same): named here, so that the config does not import the request path.
-POLICIES = ("round_robin", "random", "power_of_two", "prefix", "cache_aware")
 
-
-def known_policy(name: str) -> str:
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+# The load-balancing policies are router/pd/policies.py's REGISTRY, which this module, the router's lowest, cannot
+# import: whoever loads a config passes their names as pydantic's validation context, {"policies": names}
+# (router/__main__.py). A config made without one (in code) is checked when the app makes its policies (make_policy).
+def check_policy(name: str, known: Collection[str]) -> str:
+    if name not in known:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(known))}")
     return name
 
 
-PolicyName = Annotated[str, AfterValidator(known_policy)]
+def _known_policy(name: str, info: ValidationInfo) -> str:
+    known = info.context.get("policies") if isinstance(info.context, dict) else None
+    return name if known is None else check_policy(name, known)
+
+
+PolicyName = Annotated[str, AfterValidator(_known_policy)]
 
 
 class StaticWorker(BaseModel):
@@ -135,8 +140,7 @@ class RouterConfig(BaseModel):
     max_attempts: int = Field(default=3, ge=1, le=10)
     retry_backoff: float = Field(default=0.05, ge=0)  # doubled per attempt, with jitter
     # The most choices (`n`) an OpenAI request may ask for: each is a PD request of its own (router/openai/fanout.py).
-    # At
-    # most the inventory's ceiling (router/checks/inventory/rules.py's MAX_N).
+    # At most the inventory's ceiling (router/checks/inventory/rules.py's MAX_N).
     max_n: int = Field(default=8, ge=1, le=64)
     # Consecutive failures that open a worker's circuit breaker, and how long it then gets no traffic.
     breaker_threshold: int = Field(default=5, ge=1)
@@ -174,8 +178,7 @@ class RouterConfig(BaseModel):
     # internal names of the cluster.
     expose_worker_ids: bool = False
     # OpenTelemetry spans per request, attempt and leg (router/tracing/spans.py); unset: env PDCLUSTER_TRACING. Where
-    # they
-    # go: the OTEL_* variables (pdcluster/otel.py).
+    # they go: the OTEL_* variables (pdcluster/otel.py).
     tracing: bool | None = None
     # Stored responses and conversations (`store: true`, `previous_response_id`, the Conversations API).
     store: StoreConfig = Field(default_factory=StoreConfig)

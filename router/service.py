@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 
 from pdcluster.http import ApiError, check_bearer, parse_json_object
-from pdcluster.protocol import Role
 from router.checks.checked import Checked
 from router.checks.validation import check_chat, check_completion, check_generate
 from router.config import RouterConfig
@@ -25,8 +24,9 @@ from router.metrics import RouterMetrics
 from router.openai import fanout, openai_answer
 from router.pd.attempt import Attempt, Dispatcher
 from router.pd.failures import HalfFailed
+from router.pd.fan_out_options import FanOutOptions
 from router.pd.kv_fit import count_prompt, refuse_empty_texts
-from router.pd.pairing import Pairing, PromptTooLong, available, check_for_pair, pair_limits
+from router.pd.pairing import Pairing, PromptTooLong, check_for_pair, pair_limits
 from router.pd.request import PdRequest, new_rid
 from router.tracing import spans
 from router.transport.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
@@ -102,21 +102,22 @@ class PdService:
             return await fanout.answer(request, self.serve, config, self.metrics)
         return await self.serve(request)
 
-    async def serve(self, request: PdRequest) -> Answer | StreamAnswer:
-        """The request's attempts, each on a pair, until one answers or a failure is final."""
+    async def serve(self, request: PdRequest, fanned: FanOutOptions | None = None) -> Answer | StreamAnswer:
+        """The request's attempts, each on a pair, until one answers or a failure is final. `fanned`: the options of
+        one choice of a fan-out's (router/openai/fanout.py)."""
         config, route, request_id = self.config, request.route, request.request_id
-        prepare = self.pairing.prefill_policy.prepare
-        if prepare is not None and request.prefer_prefill is None:  # a fan-out's later choice has its prefill
-            await prepare(available(self.pairing.pool, Role.PREFILL, request.tried), request)
+        prefer = fanned.prefer_prefill if fanned is not None else None  # a fan-out's later choice: its prefill
+        view = await self.pairing.view(request, prepared=prefer is None)
         while True:
             try:
-                prefill, decode = self.pairing.choose(request)
+                choice = self.pairing.choose(request, view, prefer)
             except PromptTooLong as short:
                 if request.checked.prompt_exact:
                     raise short.refusal(request.checked) from None
                 tokens = await count_prompt(self.dispatcher.client, short.decode, request)
                 request.checked = replace(request.checked, longest_prompt=tokens, prompt_exact=True)
                 continue
+            prefill, decode = choice.prefill, choice.decode
             check_for_pair(request.checked, pair_limits(prefill, decode))
             if request.checked.may_vanish:  # once: every pair serves the same model
                 await refuse_empty_texts(self.dispatcher.client, decode, request.checked)
@@ -127,7 +128,7 @@ class PdService:
                                             "prefill": prefill.url, "decode": decode.url, "stream": request.stream,
                                             "rids": request.rids})
             try:
-                attempt = Attempt(self.dispatcher, request, prefill, decode)
+                attempt = Attempt(self.dispatcher, request, choice, fanned)
                 trace = spans.current() if self.tracing is not None else None
                 answer = await (attempt.answer() if trace is None else trace.attempt(attempt))
             except HalfFailed as failure:
@@ -143,7 +144,7 @@ class PdService:
             if config.expose_worker_ids:
                 answer.headers["x-pdcluster-prefill"] = prefill.worker_id
                 answer.headers["x-pdcluster-decode"] = decode.worker_id
-                if request.predicted_cached is not None:  # the KV index chose the prefill: what it expected there
-                    answer.headers["x-pdcluster-cached-tokens-predicted"] = str(request.predicted_cached)
+                if choice.predicted_cached is not None:  # the KV index chose the prefill: what it expected there
+                    answer.headers["x-pdcluster-cached-tokens-predicted"] = str(choice.predicted_cached)
             return answer if route == "/generate" else openai_answer.shaped(answer, route, request.body,
                                                                             request.checked.legacy_functions)

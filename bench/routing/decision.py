@@ -3,16 +3,14 @@ costs the router, in its own process, on its real code. A harness, not a cluster
 template (SmolLM2's, from models/), and KV event batches made by SGLang 0.5.23's own classes in its wire form, but no
 engine sends them.
 
-- A decision: `CacheAware.choose_for` for a /generate text and a chat of about 1000 and 8000 tokens (counted:
+- A decision: `CacheAware.choose_prefill` for a /generate text and a chat of about 1000 and 8000 tokens (counted:
   `tokens`), between two indexed prefills of which one holds the shared text as far as the router reads it (its
   first 32k characters, ~4.9k tokens: router/kv_routing/prompt_ids.py; page size 1, as SGLang on CPU publishes):
-  rendering the
-  chat, tokenizing as far as a prefill holds the prompt, walking the index, weighing load. Each prompt a shared text
-  and a new question (a tenant's traffic), or a text never seen. Timed one by one in an event loop, p50/p99 over
-  repeats (`ids_read`: the most a decision encoded; `cpu_p99_ms`: its CPU time's, which a busy machine's other
-  processes do not inflate); `credit_p50_ms`: the routed prompt's rest, encoded in the
-  loop's next turn, off the request's path (router/kv_routing/cache_aware.py). The target is every 8000-token prompt's
-  p99.
+  rendering the chat, tokenizing as far as a prefill holds the prompt, walking the index, weighing load. Each prompt a
+  shared text and a new question (a tenant's traffic), or a text never seen. Timed one by one in an event loop,
+  p50/p99 over repeats (`ids_read`: the most a decision encoded; `cpu_p99_ms`: its CPU time's, which a busy machine's
+  other processes do not inflate); `credit_p50_ms`: the routed prompt's rest, encoded in the loop's next turn, off the
+  request's path (router/kv_routing/cache_aware.py). The target is every 8000-token prompt's p99.
 - The event stream: `Subscription.receive` (decode, check the sequence, index) of BlockStored batches, as a prefill
   sends one per prompt it computed: CPU time per stored token, and the share of a core it costs at the routing
   benchmark's rate (the prompt tokens its prefills computed per second, from bench/results/routing.json), or at
@@ -44,8 +42,8 @@ from router.kv_routing.kv_keys import LazyIds
 from router.kv_routing.kv_routed import RoutedPrompts
 from router.kv_routing.kv_wire import Stored
 from router.metrics import RouterMetrics
-from router.pd.pairing import make_policy
-from router.pd.request import PdRequest
+from router.pd.policies import make_policy
+from router.routing.policy import RoutingView
 
 MODEL = "models/smollm2-135m-instruct"
 TARGET_MS = 1.0  # the decision's p99 for an 8k-token prompt, shared or novel
@@ -62,7 +60,7 @@ def text_of(words: int, seed: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))  # about a token a word (bench/routing/report.py)
 
 
-def request_of(route: str, text: str) -> PdRequest:
+def request_of(route: str, text: str) -> RoutingView:
     """A /generate of `text`, or a chat of its part before " Question " as the system prompt and the rest (or, if
     none, its second half) as the user's: a tenant's chat shares its rendered system prompt."""
     if route == "/generate":
@@ -74,7 +72,7 @@ def request_of(route: str, text: str) -> PdRequest:
         body = {"model": "m", "messages": [{"role": "system", "content": text[:cut]},
                                            {"role": "user", "content": text[cut + 1:]}]}
         checked = check_chat(body)
-    return PdRequest(route, "r", body, checked, 0.0, 60.0)
+    return RoutingView(route, body, checked)
 
 
 def policy_for(model_path: str) -> tuple[CacheAware, list[Worker]]:
@@ -92,6 +90,7 @@ def decision(policy: CacheAware, workers: list[Worker], route: str, tokens: int,
     """`repeats` decisions on prompts of about `tokens` tokens: each a tenant's shared text and a new question of its
     own, or (`novel`) each a text of its own, the tokenizer's worst case."""
     model = workers[0].identity.model_path  # type: ignore[union-attr]
+    decode = Worker("d0", Role.DECODE, "http://d0", identity=workers[0].identity)  # the pair's, chosen already
     shared = text_of(tokens - QUESTION_WORDS - 4, seed=tokens)  # a word a token, and the question's few more
     texts = [text_of(tokens, seed=tokens * 1000 + i) if novel else f"{shared} Question {i}: {text_of(40, seed=i)}?"
              for i in range(repeats)]
@@ -105,7 +104,7 @@ def decision(policy: CacheAware, workers: list[Worker], route: str, tokens: int,
     lazy = policy.tokens.lazy
     read: list[LazyIds] = []
 
-    def reading(request: PdRequest, model_path: str | None) -> LazyIds | None:  # what a decision reads, kept
+    def reading(request: RoutingView, model_path: str | None) -> LazyIds | None:  # what a decision reads, kept
         read.append(found := lazy(request, model_path))  # type: ignore[arg-type]
         return found
 
@@ -119,7 +118,7 @@ def decision(policy: CacheAware, workers: list[Worker], route: str, tokens: int,
         for text in texts:
             request = request_of(route, text)
             start, cpu = time.perf_counter(), time.thread_time()
-            chosen = policy.choose_for(workers, request)
+            chosen = policy.choose_prefill(decode, workers, request).prefill
             times.append(time.perf_counter() - start)
             cpus.append(time.thread_time() - cpu)
             last = read.pop()  # not kept: a router keeps no prompt's ids, and 300 kept would slow its GC's passes

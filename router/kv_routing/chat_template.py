@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -56,13 +57,13 @@ class ChatTemplate:
     parts_list: bool  # the template iterates a message's content: text parts stay a list (SGLang's "openai" format)
     reads_call_ids: bool  # SGLang may reorder the tool results of such a template: not followed
 
-    def render(self, body: dict[str, Any]) -> Rendered | None:
+    def render(self, body: Mapping[str, Any]) -> Rendered | None:
         try:
             return self._render(body)
         except Exception:  # a template's raise_exception, a sandbox refusal, a body this module does not follow
             return None
 
-    def _render(self, body: dict[str, Any]) -> Rendered | None:
+    def _render(self, body: Mapping[str, Any]) -> Rendered | None:
         dumped = [_message(m, self.parts_list) for m in body["messages"]]
         messages = [m for m in dumped if m is not None]
         if len(messages) < len(dumped) or (self.reads_call_ids and any(m["role"] == "tool" for m in messages)):
@@ -141,7 +142,7 @@ def _call(call: dict[str, Any]) -> dict[str, Any]:
             "function": {"name": function.get("name"), "arguments": arguments}}
 
 
-def _tools(body: dict[str, Any]) -> list[dict] | None:
+def _tools(body: Mapping[str, Any]) -> list[dict] | None:
     """The request's tools as SGLang dumps them for the template: none when tool_choice is none, the named one."""
     tools, choice = body.get("tools"), body.get("tool_choice", "auto")
     if not tools or choice == "none":

@@ -27,10 +27,12 @@ import zmq.asyncio
 
 from pdcluster.protocol import KVEventsEndpoint, Role
 from router.fleet.workers import Worker, WorkerPool
+from router.kv_routing.cache_aware import CacheAware
 from router.kv_routing.kv_index import KvIndex
 from router.kv_routing.kv_wire import END_OF_REPLAY, MAX_FRAME_BYTES, Batch, Malformed, decode, sequence_of
-from router.kv_routing.prompt_ids import Client
 from router.metrics import RouterMetrics
+from router.routing.policy import Policy
+from router.transport.upstream import UpstreamClient
 
 log = logging.getLogger("pdcluster.router")
 
@@ -221,11 +223,9 @@ async def follow_kv_events(pool: WorkerPool, index: KvIndex, metrics: RouterMetr
             context.destroy(linger=0)
 
 
-def start(policy: object, pool: WorkerPool, metrics: RouterMetrics, client: Client) -> list[asyncio.Task]:
+def start(policy: Policy, pool: WorkerPool, metrics: RouterMetrics, client: UpstreamClient) -> list[asyncio.Task]:
     """The subscriptions' task, if the prefill policy routes by KV events (router/app.py's start-up). `client`: for
     the policy's calls to workers' /tokenize."""
-    from router.kv_routing.cache_aware import CacheAware
-
     if not isinstance(policy, CacheAware):
         return []
     policy.metrics, policy.client = metrics, client

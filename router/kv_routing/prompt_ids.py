@@ -1,9 +1,9 @@
 """A request's leading token ids, as the engine makes them, for the cache_aware policy
-(router/kv_routing/cache_aware.py).
+(router/kv_routing/cache_aware.py), from what the policy's view of the request holds (router/routing/policy.py's
+RoutingView).
 
-The router does not otherwise tokenize (router/pd/request.py estimates; router/pd/kv_fit.py asks a decode's /tokenize
-only
-when a bound cannot decide, a round trip per request). Here the cheapest correct path is taken:
+The router does not otherwise tokenize (router/checks/checked.py estimates; router/pd/kv_fit.py asks a decode's
+/tokenize only when a bound cannot decide, a round trip per request). Here the cheapest correct path is taken:
 - prompts given as token ids (`input_ids`, a completion's `prompt` of ids): those, as they are;
 - a text prompt (`/generate`'s `text`, a completion's `prompt`): the model's own `tokenizer.json`, loaded with the
   `tokenizers` library (Rust; what SGLang's fast tokenizer runs) from the model folder the prefills registered, if
@@ -11,12 +11,11 @@ when a bound cannot decide, a round trip per request). Here the cheapest correct
   SGLang encodes a text with its special tokens (`tokenizer.encode(text)`), and so does this. Only the first
   MAX_CHARS characters are encoded, less the last tokens, which a longer text may merge differently: prefix matching
   needs no more, and the cost stays bounded; and of those, by pieces (router/kv_routing/token_pieces.py), only as far
-  as a
-  walk of the KV index reads (`lazy`);
+  as a walk of the KV index reads (`lazy`);
 - a chat: its messages rendered by the model's chat template as SGLang renders them
-(router/kv_routing/chat_template.py), then
-  encoded as a text is, but with no special tokens added (the template writes its own), and the text of a final
-  assistant message it continues after them. A chat the renderer does not follow: None, routed by its text.
+  (router/kv_routing/chat_template.py), then encoded as a text is, but with no special tokens added (the template
+  writes its own), and the text of a final assistant message it continues after them. A chat the renderer does not
+  follow: None, routed by its text.
 A tokenizer and template are loaded off the event loop (`load`, when a prefill is first subscribed); until then: None.
 A model whose folder this router cannot read (a hub id the workers downloaded: compose, Kubernetes) is `remote`:
 its prompts' ids (and a chat's where no template loads) are what a worker's SGLang /tokenize answers (`ask`: the same
@@ -28,9 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -38,6 +37,8 @@ from router.kv_routing import chat_template
 from router.kv_routing.chat_template import ChatTemplate
 from router.kv_routing.kv_keys import LazyIds
 from router.kv_routing.token_pieces import PieceTokenizer
+from router.routing.policy import RoutingView
+from router.transport.upstream import UpstreamClient
 from router.transport.upstream_response import UpstreamError
 
 log = logging.getLogger("pdcluster.router")
@@ -49,37 +50,6 @@ ASK_TIMEOUT = 1.0  # seconds a worker's /tokenize may take before its request is
 CHAT_KEYS = ("tools", "tool_choice", "reasoning_effort", "continue_final_message", "chat_template_kwargs")
 _JSON = {"content-type": "application/json"}
 CHAT = "/v1/chat/completions"
-
-
-class _Checked(Protocol):  # router/pd/request.py's Checked, what is read of it (not imported: a short import chain)
-    @property
-    def token_ids(self) -> str | None: ...
-    @property
-    def prompts(self) -> tuple[list, ...]: ...
-    @property
-    def first_prompt(self) -> Any: ...
-
-
-class _Request(Protocol):  # ... and its PdRequest
-    @property
-    def route(self) -> str: ...
-    @property
-    def body(self) -> dict[str, Any]: ...
-    @property
-    def checked(self) -> _Checked: ...
-    @property
-    def prompt_ids(self) -> list[int] | None: ...
-
-
-class _Response(Protocol):  # router/transport/upstream_response.py's UpstreamResponse
-    status: int
-
-    async def read(self) -> bytes: ...
-
-
-class Client(Protocol):  # router/transport/upstream.py's UpstreamClient (not imported: a short import chain)
-    async def request(self, method: str, base_url: str, path: str, body: bytes = b"",
-                      headers: dict[str, str] | None = None) -> _Response: ...
 
 
 class PromptTokens:
@@ -101,11 +71,11 @@ class PromptTokens:
         return model_path in self.remotes or (route == CHAT and model_path in self.templates
                                               and self.templates[model_path] is None)
 
-    async def ask(self, client: Client, url: str, request: _Request) -> list[int] | None:
+    async def ask(self, client: UpstreamClient, url: str, view: RoutingView) -> list[int] | None:
         """The prompt's ids by the worker at `url` (SGLang's /tokenize: its own tokenizer and chat template); None
         if it fails or takes longer than ASK_TIMEOUT."""
-        body, prompt, cut = request.body, request.checked.first_prompt, False
-        if request.route == CHAT:
+        body, prompt, cut = view.body, view.checked.first_prompt, False
+        if view.route == CHAT:
             ask = {"messages": body.get("messages"), **{k: body[k] for k in CHAT_KEYS if body.get(k) is not None}}
         elif isinstance(prompt, str):
             ask, cut = {"prompt": prompt[:MAX_CHARS]}, len(prompt) > MAX_CHARS
@@ -129,18 +99,18 @@ class PromptTokens:
             self._failed.add(url)
             log.warning("cache_aware: %s/tokenize failed (%s); such requests are routed by their text", url, why)
 
-    def of(self, request: _Request, model_path: str | None) -> list[int] | None:
+    def of(self, view: RoutingView, model_path: str | None) -> list[int] | None:
         """The prompt's leading ids (all of them, as far as this reads: `lazy`'s, read to the end)."""
-        ids = self.lazy(request, model_path)
+        ids = self.lazy(view, model_path)
         return ids.read_all() if ids is not None else None
 
-    def lazy(self, request: _Request, model_path: str | None) -> LazyIds | None:
+    def lazy(self, view: RoutingView, model_path: str | None) -> LazyIds | None:
         """The prompt's leading ids, encoded only as far as a walk reads them, with its last token spared (the
         policy matches all but the last: SGLang computes at least one)."""
-        checked = request.checked
-        if request.prompt_ids is not None:  # a worker's tokenizer made them (`ask`)
-            given = LazyIds(request.prompt_ids, spare=1)
-            if request.route != CHAT and isinstance(checked.first_prompt, str):  # `ask` sent MAX_CHARS of it
+        checked = view.checked
+        if view.prompt_ids is not None:  # a worker's tokenizer made them (`ask`)
+            given = LazyIds(view.prompt_ids, spare=1)
+            if view.route != CHAT and isinstance(checked.first_prompt, str):  # `ask` sent MAX_CHARS of it
                 given.chars, given.chars_read = len(checked.first_prompt), min(MAX_CHARS, len(checked.first_prompt))
             return given
         if checked.token_ids is not None:
@@ -149,9 +119,9 @@ class PromptTokens:
         tokenizer = self.tokenizers.get(model_path) if model_path is not None else None
         if tokenizer is None:
             return None
-        if request.route == CHAT:
+        if view.route == CHAT:
             template = self.templates.get(model_path or "")
-            return _chat(tokenizer, template, request.body) if template is not None else None
+            return _chat(tokenizer, template, view.body) if template is not None else None
         prompt = checked.first_prompt
         if not isinstance(prompt, str):
             return None
@@ -163,7 +133,7 @@ def _cut(text: str) -> int:
     return BOUNDARY_TOKENS if len(text) > MAX_CHARS else 0
 
 
-def _chat(tokenizer: PieceTokenizer, template: ChatTemplate, body: dict[str, Any]) -> LazyIds | None:
+def _chat(tokenizer: PieceTokenizer, template: ChatTemplate, body: Mapping[str, Any]) -> LazyIds | None:
     rendered = template.render(body)
     if rendered is None:
         return None

@@ -9,14 +9,14 @@ client that left does (both halves aborted), and the client gets that choice's e
 stream has started, a last error event (as any stream that breaks ends).
 
 The order, and the prefill: the first choice goes alone; the others start once its prefill is chosen, to that same
-prefill (PdRequest.prefer_prefill), and their prefill halves are held (PdRequest.prefill_gate) until the first's has
-answered. SGLang's prefill puts a prompt's KV into its radix cache only once the prompt is prefilled and sent (the
-transfer done), which is when that half answers: identical prompts sent together are each prefilled from scratch (n
-times the prompt's compute and KV), and another prefill has no copy. So n = 4 on a 1000-token prompt computes its KV
-once, plus a token for each later choice, and sends it four times. Their decode halves go at once: the decode's
-handshake with the prefill (SGLang takes a decode's before its prefill's) is done while the first is prefilled, not
-after, between the first's decode steps. If the first choice ends before its prefill half answers (a short answer),
-the others' prefill halves go then.
+prefill, and their prefill halves are held until the first's has answered (each choice's FanOutOptions,
+router/pd/fan_out_options.py). SGLang's prefill puts a prompt's KV into its radix cache only once the prompt is
+prefilled and sent (the transfer done), which is when that half answers: identical prompts sent together are each
+prefilled from scratch (n times the prompt's compute and KV), and another prefill has no copy. So n = 4 on a 1000-token
+prompt computes its KV once, plus a token for each later choice, and sends it four times. Their decode halves go at
+once: the decode's handshake with the prefill (SGLang takes a decode's before its prefill's) is done while the first is
+prefilled, not after, between the first's decode steps. If the first choice ends before its prefill half answers (a
+short answer), the others' prefill halves go then.
 """
 
 from __future__ import annotations
@@ -32,14 +32,15 @@ from pdcluster.http import ApiError, error_body
 from router.config import RouterConfig
 from router.fleet.workers import Worker
 from router.metrics import RouterMetrics
-from router.openai.openai_answer import dumps, merged_answer, merged_usage, number
+from router.openai.openai_answer import dumps, merged_answer, merged_event, merged_usage
+from router.pd.fan_out_options import FanOutOptions
 from router.pd.logprobs import sse_events
 from router.pd.request import PdRequest, new_rid
 from router.transport.edge import Answer, StreamAnswer, error_answer
 
 log = logging.getLogger("pdcluster.router")
 
-Serve = Callable[[PdRequest], Awaitable[Answer | StreamAnswer]]
+Serve = Callable[[PdRequest, FanOutOptions], Awaitable[Answer | StreamAnswer]]
 SEEDS = 2**63  # a seed is below (the inventory's Seed)
 QUEUED = 64  # events of the choices held for a client that reads slower than they come; then their relays wait
 _FAILED = "the router failed on this request (its log has the details)"
@@ -63,10 +64,8 @@ def choice_request(request: PdRequest, index: int) -> PdRequest:
     body = {key: value for key, value in request.body.items() if key != "n"}
     if index and isinstance(seed := body.get("seed"), int):
         body["seed"] = (seed + index) % SEEDS
-    choice = PdRequest(request.route, request.request_id, body, request.checked, request.started,
-                       request.deadline - request.started)
-    choice.timed = False  # the fan-out times the answer: one request for the metrics
-    return choice
+    return PdRequest(request.route, request.request_id, body, request.checked, request.started,
+                     request.deadline - request.started)
 
 
 class FanOut:
@@ -74,12 +73,13 @@ class FanOut:
         self.request, self.serve, self.metrics = request, serve, metrics
         self.n = request.checked.choices
         self.choices = [choice_request(request, i) for i in range(self.n)]
-        self.choices[0].on_paired = self._paired
         loop = asyncio.get_running_loop()
         self.paired: asyncio.Future[None] = loop.create_future()  # the later choices are started
         self.go: asyncio.Future[None] = loop.create_future()  # the later choices' prefill halves may go
-        for later in self.choices[1:]:
-            later.prefill_gate = self.go
+        # How each choice is served apart from a lone request (each timed only as part of the fan-out's answer): the
+        # first tells when it is paired, the later ones wait at the gate.
+        self.options = [FanOutOptions(on_paired=self._paired), *(FanOutOptions(prefill_gate=self.go)
+                                                                   for _ in range(self.n - 1))]
         self.serving: list[asyncio.Future] = []  # each choice's PdService.serve, as it is started
         self.tasks: list[asyncio.Future] = []  # a stream's: each choice's relay to the merge, the later ones' start
         self.id, self.created = new_rid(), int(time.time())
@@ -90,7 +90,7 @@ class FanOut:
         to that prefill. Whichever half answers (a failed one is retried) holds the prompt: the gate opens."""
         future.add_done_callback(self._prefilled)
         if not self.paired.done():
-            for later in self.choices[1:]:
+            for later in self.options[1:]:
                 later.prefer_prefill = prefill.worker_id
             self._start_later()
 
@@ -105,8 +105,9 @@ class FanOut:
         if not self.paired.done():
             self._start_later()
 
-    def _start(self, choices: list[PdRequest]) -> list[asyncio.Future]:
-        started: list[asyncio.Future] = [asyncio.ensure_future(self.serve(choice)) for choice in choices]
+    def _start(self, indices: range) -> list[asyncio.Future]:
+        started: list[asyncio.Future] = [asyncio.ensure_future(self.serve(self.choices[i], self.options[i]))
+                                         for i in indices]
         self.serving += started
         return started
 
@@ -115,7 +116,7 @@ class FanOut:
         for later in self.choices[1:]:
             later.checked = self.choices[0].checked
         self.paired.set_result(None)
-        return self._start(self.choices[1:])
+        return self._start(range(1, self.n))
 
     def _cancel(self) -> None:
         """Cancel what still runs, and end every stream a choice started: each attempt cancelled or ended early
@@ -134,7 +135,7 @@ class FanOut:
     # --- a whole answer ----------------------------------------------------------------------------------------------
 
     async def whole(self) -> Answer:
-        (first,) = self._start(self.choices[:1])
+        (first,) = self._start(range(1))
         finished: set[asyncio.Future] = set()
         try:
             while len(finished) < self.n:  # the later choices join `serving` once the first is paired
@@ -160,7 +161,7 @@ class FanOut:
 
     async def streamed(self) -> Answer | StreamAnswer:
         """The first choice's answer starts the client's: its failure before it started is the client's answer."""
-        (started,) = self._start(self.choices[:1])
+        (started,) = self._start(range(1))
         first = await started
         if isinstance(first, Answer):
             return first
@@ -215,7 +216,7 @@ class FanOut:
                     if index == 0:  # the first ended (well), maybe before its prefill half answered
                         self._open()
                     continue
-                out = self._event(index, event, usages)
+                out = merged_event(event, index, self.n, self.id, self.created, usages)
                 if out is None:
                     continue
                 if first:
@@ -233,28 +234,6 @@ class FanOut:
             yield b"data: [DONE]\n\n"
         finally:
             await self._stop()
-
-    def _event(self, index: int, event: bytes, usages: dict[int, tuple[dict, dict]]) -> bytes | None:
-        """Choice `index`'s event as the client gets it; None: none (its [DONE], its usage, kept for the end)."""
-        if not event.startswith(b"data: {"):
-            return None if event.startswith(b"data: [DONE]") else event
-        try:
-            data = json.loads(event[6:])
-        except ValueError:
-            return event
-        if not isinstance(data, dict) or not isinstance(choices := data.get("choices"), list):
-            return event  # an error event (the router's shape already), or what no choice is part of
-        if not choices:
-            if isinstance(data.get("usage"), dict):
-                usages[index] = (data, data["usage"])
-                return None
-            if index:  # the answer's extras (sglext: the prompt's cache details): the first choice's only
-                return None
-        for choice in choices:
-            if isinstance(choice, dict):
-                choice["index"] = number(choice.get("index")) * self.n + index
-        data["id"], data["created"] = self.id, self.created
-        return b"data: " + dumps(data) + b"\n\n"
 
     def _close(self) -> None:
         """The edge is done with the stream, however it ended (also before its first chunk was pulled)."""

@@ -5,7 +5,8 @@ streamed.
 
 SGLang puts `metadata: {"weight_version": ..., "weight_versions": [...]}` in every whole chat and completions answer,
 where OpenAI's `metadata` is a map of strings: a strictly typed client fails to decode such an answer. The values
-stay, as strings (a list as its JSON text). And n choices' answers merged into one (router/openai/fanout.py)."""
+stay, as strings (a list as its JSON text). And n choices' answers merged into one (router/openai/fanout.py), whole
+or event by event."""
 
 from __future__ import annotations
 
@@ -92,3 +93,28 @@ def merged_answer(payloads: list[bytes], n: int, answer_id: str) -> bytes:
     if all(isinstance(answer.get("usage"), dict) for answer in answers):
         merged["usage"] = merged_usage([answer["usage"] for answer in answers])
     return dumps(merged)
+
+
+def merged_event(event: bytes, index: int, n: int, answer_id: str, created: int,
+                 usages: dict[int, tuple[dict, dict]]) -> bytes | None:
+    """Choice `index`'s streamed event as the client gets it in the merged stream of n choices (`answer_id`,
+    `created`); None: none (its [DONE]; its usage, kept in `usages` for the end)."""
+    if not event.startswith(b"data: {"):
+        return None if event.startswith(b"data: [DONE]") else event
+    try:
+        data = json.loads(event[6:])
+    except ValueError:
+        return event
+    if not isinstance(data, dict) or not isinstance(choices := data.get("choices"), list):
+        return event  # an error event (the router's shape already), or what no choice is part of
+    if not choices:
+        if isinstance(data.get("usage"), dict):
+            usages[index] = (data, data["usage"])
+            return None
+        if index:  # the answer's extras (sglext: the prompt's cache details): the first choice's only
+            return None
+    for choice in choices:
+        if isinstance(choice, dict):
+            choice["index"] = number(choice.get("index")) * n + index
+    data["id"], data["created"] = answer_id, created
+    return b"data: " + dumps(data) + b"\n\n"

@@ -30,6 +30,7 @@ from router.fleet.workers import Admission, Worker, WorkerPool
 from router.pd.attempt import Attempt
 from router.pd.failures import HALF_ERRORS
 from router.pd.request import PdRequest
+from router.routing.policy import Choice
 from router.transport.edge import Answer
 
 log = logging.getLogger("pdcluster.router")
@@ -119,7 +120,7 @@ class Admissions:
         request.start_attempt(prefill)
         try:
             async with asyncio.timeout(CANARY_TIMEOUT):
-                answer = await Attempt(self._dispatcher_ref(), request, prefill, decode).answer()
+                answer = await Attempt(self._dispatcher_ref(), request, Choice(prefill, decode)).answer()
             if not isinstance(answer, Answer) or answer.status != 200:
                 raise ValueError(f"status {answer.status}")
             return list(orjson.loads(answer.body)["output_ids"])

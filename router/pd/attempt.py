@@ -1,10 +1,11 @@
-"""One attempt of a request on one PD pair, from sending its halves to its end, and the single owner of all it holds (as
-nano-vllm's `Sequence` is one scheduler's); with what every attempt shares (`Dispatcher`) and the prefill's half
-(`PrefillHalf`). Both halves get the same body at once (router/transport/upstream.py); the client gets the decode's
-answer, relayed chunk by chunk if it is a stream. Its life is its `state`: SENT, ANSWERING, then one of five endings. It
-holds the pair's books (in flight on both workers, each breaker's trial), the prefill half, the decode's response and a
-stream's two deadline timers. `end()` gives all of it back, once, and records its `outcome` (ending, failure, the halves
-aborted: failures.halves_to_abort); a second `end()` does nothing, so any path that may end one calls it.
+"""One attempt of a request on one PD pair (pairing's `Choice`), from sending its halves to its end, and the single
+owner of all it holds (as nano-vllm's `Sequence` is one scheduler's); with what every attempt shares (`Dispatcher`).
+Both halves get the same body at once (router/transport/upstream.py; the prefill's: router/pd/prefill_half.py); the
+client gets the decode's answer, relayed chunk by chunk if it is a stream. Its life is its `state`: SENT, ANSWERING,
+then one of five endings. It holds the pair's books (in flight on both workers, each breaker's trial), the prefill
+half, the decode's response and a stream's two deadline timers. `end()` gives all of it back, once, and records its
+`outcome` (ending, failure, the halves aborted: failures.halves_to_abort); a second `end()` does nothing, so any path
+that may end one calls it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from router.fleet.workers import Worker, mark_failed
 from router.metrics import RouterMetrics
 from router.pd import failures, logprobs
 from router.pd.failures import HALF_ERRORS, TRANSPORT_ERRORS, DeadlinePassed, HalfFailed
+from router.pd.fan_out_options import FanOutOptions
+from router.pd.prefill_half import PrefillHalf
 from router.pd.request import PdRequest
+from router.routing.policy import Choice
 from router.transport.edge import Answer, StreamAnswer
 from router.transport.upstream import UpstreamClient, UpstreamResponse
 
@@ -33,7 +37,6 @@ log = logging.getLogger("pdcluster.router")
 _PASSED_ON = ("content-type", "content-encoding")  # the decode's headers that reach the client
 _JSON = {"content-type": "application/json"}
 _ABORT_TIMEOUT = 5.0  # seconds an /abort_request may take
-PREFILL_GRACE = 30.0  # seconds a prefill's answer may trail the decode's before it is cut off
 
 
 class AttemptState(Enum):
@@ -90,15 +93,19 @@ class Dispatcher:
 
 
 class Attempt:
-    def __init__(self, dispatcher: Dispatcher, request: PdRequest, prefill: Worker, decode: Worker):
-        self.d, self.request, self.prefill, self.decode = dispatcher, request, prefill, decode
+    def __init__(self, dispatcher: Dispatcher, request: PdRequest, choice: Choice, fanned: FanOutOptions | None = None):
+        self.d, self.request, self.choice, self.fanned = dispatcher, request, choice, fanned
+        self.prefill, self.decode = choice.prefill, choice.decode
+        # TTFT and a stream's duration are observed here, unless it is a fan-out's choice (router/openai/fanout.py
+        # times the merged answer).
+        self.timed = fanned is None
         self.state = AttemptState.SENT
         self.outcome: Outcome | None = None  # set by end()
         self.prefill_half: PrefillHalf | None = None
         self.response: UpstreamResponse | None = None
         self.total_timer: asyncio.TimerHandle | None = None  # a stream's total_timeout
         self.first_token_timer: asyncio.TimerHandle | None = None  # a stream's first_token_timeout
-        for worker in (prefill, decode):
+        for worker in (self.prefill, self.decode):
             worker.in_flight += 1
             worker.breaker.on_attempt()
 
@@ -107,7 +114,7 @@ class Attempt:
         request = self.request
         try:
             raw = orjson.dumps(request.body)
-            prefill_half = self.prefill_half = PrefillHalf(self.d.client, self.prefill, request, raw, self.decode)
+            prefill_half = self.prefill_half = PrefillHalf(self.d.client, request, self.choice, raw, self.fanned)
             response = self.response = await self._decode_head(raw, prefill_half)
             self.state = AttemptState.ANSWERING  # both workers did their part (a half-open breaker's trial succeeded)
             self.prefill.breaker.on_success()
@@ -126,7 +133,7 @@ class Attempt:
         except BaseException:  # cancelled: the client left, or total_timeout passed; both halves may still work on it
             self.end(AttemptState.DEADLINE if time.monotonic() >= request.deadline else AttemptState.CLIENT_GONE)
             raise
-        self.d.metrics.count_cached(payload, predicted=request.predicted_cached)
+        self.d.metrics.count_cached(payload, predicted=self.choice.predicted_cached)
         self.end(AttemptState.DELIVERED)
         return Answer(response.status, payload, headers)
 
@@ -159,7 +166,7 @@ class Attempt:
                     first_at = time.monotonic()
                     if self.first_token_timer is not None:
                         self.first_token_timer.cancel()
-                    if request.timed:  # else a fan-out's choice: the fan-out times its merged stream
+                    if self.timed:
                         metrics.ttft.labels(request.route).observe(first_at - request.attempt_started)
                     if request.merge_logprobs:
                         chunk = logprobs.merge_first_event(chunk, logprobs.prefill_answer(await prefill_half.answer()))
@@ -171,8 +178,8 @@ class Attempt:
                 yield chunk
                 if chunk.endswith(b"data: [DONE]\n\n"):  # the last event: whole, even if the client goes now
                     break
-            metrics.count_cached(last, stream=True, predicted=request.predicted_cached)
-            metrics.stream_ended(request.route if request.timed else None, first_at, events)
+            metrics.count_cached(last, stream=True, predicted=self.choice.predicted_cached)
+            metrics.stream_ended(request.route if self.timed else None, first_at, events)
             self.end(AttemptState.DELIVERED)
         except HALF_ERRORS as exc:
             failure = failures.as_failure(self.decode, exc)
@@ -218,83 +225,6 @@ class Attempt:
             worker.in_flight -= 1
         if self.prefill_half is not None:
             self.prefill_half.let_finish(self.d.background, delivered)
-        if streamed and self.request.timed:  # the request's duration is its relay's (service.py times the rest)
+        if streamed and self.timed:  # the request's duration is its relay's (service.py times the rest)
             self.d.metrics.latency.labels(self.request.route).observe(time.monotonic() - self.request.started)
         self.outcome = Outcome(ending, failure, aborted)
-
-
-class PrefillHalf:
-    """The prefill's half, sent by a task; `future` holds its answer (or its HalfFailed), never relayed (waited for
-    its input logprobs only). Failed, it interrupts the decode's response (no KV will come). It may trail it."""
-
-    def __init__(self, client: UpstreamClient, worker: Worker, request: PdRequest, body: bytes, decode: Worker):
-        self.client, self.worker, self.body, self.request = client, worker, body, request
-        self.failure: HalfFailed | None = None
-        self.sent = False  # held at a fan-out's gate until its prompt is cached, else sent at once
-        self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
-        self.prompt_tokens, self.books = request.checked.prompt_tokens, [worker, decode]  # unbook() empties it
-        self.work = self.prompt_tokens if request.prefill_work is None else request.prefill_work  # cache_aware's
-        for booked in self.books:
-            booked.book(self.prompt_tokens, self.work)
-        self.future: asyncio.Future = asyncio.ensure_future(self._send())
-        self.future.add_done_callback(self._done)
-        if (paired := request.on_paired) is not None:  # a fan-out's first choice (router/openai/fanout.py)
-            paired(worker, self.future)
-
-    async def _send(self) -> bytes:
-        if (gate := self.request.prefill_gate) is not None:  # a fan-out's later choice: sent once its prompt is cached
-            await asyncio.shield(gate)  # meanwhile its decode half's handshake is done
-        self.sent, r = True, None
-        try:
-            r = await self.client.request("POST", self.worker.url, self.request.route, self.body, self.request.headers)
-            payload = await r.read()
-        except TRANSPORT_ERRORS as exc:
-            raise failures.transport_failure(self.worker, exc) from None
-        finally:
-            if r is not None:
-                r.close()
-        if r.status < 400 and b"abort" not in payload and b'"error"' not in payload:
-            return payload  # the common case, decided here: failures.py is for failures
-        return failures.prefill_answer(self.worker, r.status, payload)
-
-    def watch(self, decode: UpstreamResponse) -> None:
-        """Interrupt the decode's response with this half's failure, now or when it comes (the decode's on_sent)."""
-        self._decode = decode
-        if self.failure is not None:
-            decode.interrupt(self.failure)
-
-    def unbook(self) -> None:
-        """The prompt off both workers' books (liveness, cache_aware), once: at this half's answer or the decode's."""
-        for booked in self.books:
-            booked.book(-self.prompt_tokens, -self.work)
-        self.books.clear()
-
-    def _done(self, future: asyncio.Future) -> None:
-        self.unbook()
-        if not future.cancelled() and isinstance(error := future.exception(), HalfFailed):
-            self.failure = error
-            if self._decode is not None:
-                self._decode.interrupt(self.failure)
-
-    async def answer(self) -> bytes:
-        """The prefill's own answer, which may trail the decode's by a moment."""
-        try:
-            return await asyncio.wait_for(asyncio.shield(self.future), PREFILL_GRACE)
-        except TimeoutError:
-            raise HalfFailed(self.worker, 504, f"prefill {self.worker.worker_id} did not answer within "
-                                               f"{PREFILL_GRACE:.0f}s of the decode") from None
-
-    def let_finish(self, background: set, delivered: bool) -> None:
-        """The attempt is over: let the prefill's answer finish in `background`, within PREFILL_GRACE (a half held at
-        a fan-out's gate, of an attempt that failed, is never sent)."""
-        if delivered:
-            self.unbook()
-        if (future := self.future).done() or (not self.sent and not delivered and future.cancel()):  # at a gate
-            return
-        background.add(future)
-        cutoff = asyncio.get_running_loop().call_later(PREFILL_GRACE, future.cancel)
-
-        def finished(f: asyncio.Future) -> None:
-            cutoff.cancel()
-            background.discard(f)
-        future.add_done_callback(finished)

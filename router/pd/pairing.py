@@ -9,30 +9,26 @@ unless every available worker of the role has been (then tried ones may serve ag
 request with `n` (router/openai/fanout.py) keeps to the prefill that holds its prompt already, while it is available.
 "Holds the prompt": its KV pool can pre-allocate it (why and how: router/pd/kv_fit.py; else PromptTooLong).
 "Compatible": same model identity (model, page size, KV dtype, transfer backend; static workers match anything).
-The policies, chosen by name in the router config, are the pickers: each picks one worker among the candidates the
-filters left (never an empty list, never to be mutated). `Policy` is the interface with its hooks; REGISTRY names
-every policy. Then the pair's limits: the request's token ids and lengths against what both halves can take.
+The policies, chosen by name in the router config (router/pd/policies.py), are the pickers: each reads the request
+only through a RoutingView (`view`, made once per request) and returns its pick, the prefill policy the pair's
+Choice (router/routing/policy.py). Then the pair's limits: the request's token ids and lengths against what both
+halves can take.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import random
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import orjson
 
 from pdcluster.http import ApiError
 from pdcluster.protocol import Role, WorkerCapabilities
 from router.checks.chat_checks import check_pair_has
+from router.checks.checked import Checked
 from router.checks.inventory.rules import PairLimit
 from router.fleet.workers import Worker, WorkerPool
-from router.kv_routing.cache_aware import CacheAware
-from router.pd.request import Checked, PdRequest
+from router.pd.request import PdRequest
+from router.routing.policy import Choice, Policy, RoutingView
 
 
 def available(pool: WorkerPool, role: Role, tried: set[str]) -> list[Worker]:
@@ -82,152 +78,34 @@ class Pairing:
         self.pool, self.prefill_policy, self.decode_policy = pool, prefill_policy, decode_policy
         pool.on_removed.append(self.worker_removed)  # the policies forget a worker that left the pool
 
-    def choose(self, request: PdRequest) -> tuple[Worker, Worker]:
-        """(prefill, decode) for the request's next attempt; 503 if no pair can serve it."""
+    async def view(self, request: PdRequest, prepared: bool = True) -> RoutingView:
+        """What the policies read of the request, for all its attempts: with the prompt's ids if the prefill policy's
+        `prepare` gets them (unless not `prepared`: a fan-out's later choice, whose prefill is chosen already)."""
+        view = RoutingView(request.route, request.body, request.checked)
+        if (prepare := self.prefill_policy.prepare) is None or not prepared:
+            return view
+        ids = await prepare(available(self.pool, Role.PREFILL, request.tried), view)
+        return view if ids is None else RoutingView(request.route, request.body, request.checked, ids)
+
+    def choose(self, request: PdRequest, view: RoutingView, prefer_prefill: str | None = None) -> Choice:
+        """The pair for the request's next attempt, and what the prefill policy expects there; 503 if no pair can
+        serve it. `prefer_prefill`: a fan-out's later choice's, where its prompt is cached already."""
         prefills = available(self.pool, Role.PREFILL, request.tried)
         decodes = available(self.pool, Role.DECODE, request.tried)
-        if request.prefer_prefill is not None:  # a later choice of a fan-out: where its prompt is cached already
-            prefills = preferred(prefills, decodes, request.prefer_prefill)
+        if prefer_prefill is not None:
+            prefills = preferred(prefills, decodes, prefer_prefill)
         candidates = pairable(decodes, prefills)
         if not candidates:
             detail = "no prefill is compatible with any decode" if prefills and decodes else (
                 f"{len(prefills)} prefill and {len(decodes)} decode workers available")
             raise ApiError(503, f"no healthy pair: {detail}")
         candidates = holding(candidates, request.checked)
-        decode = self.decode_policy.choose_for(candidates, request)
-        prefill = self.prefill_policy.choose_for(compatible_with(decode, prefills), request)
-        return prefill, decode
+        decode = self.decode_policy.choose(candidates, view)
+        return self.prefill_policy.choose_prefill(decode, compatible_with(decode, prefills), view)
 
     def worker_removed(self, worker_id: str) -> None:
         self.prefill_policy.worker_removed(worker_id)
         self.decode_policy.worker_removed(worker_id)
-
-
-# --- the policies ----------------------------------------------------------------------------------------------------
-
-class Policy:
-    name: str = ""
-    # Whether choose() reads the prompt. If not, it gets "" and the prompt is never made into text for it.
-    needs_prompt: bool = False
-    # Awaited once per request, before its first choice, with the available prefills, if set (cache_aware: token ids).
-    prepare: Callable[[Sequence[Worker], PdRequest], Awaitable[None]] | None = None
-
-    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
-        """`candidates` is never empty; the policy must not mutate it. `prompt`: at most HINT_CHARS of the prompt
-        as text, if the policy `needs_prompt`."""
-        raise NotImplementedError
-
-    def choose_for(self, candidates: Sequence[Worker], request: PdRequest) -> Worker:
-        """Pairing's call: a policy that reads more of the request than its text (cache_aware) overrides it."""
-        return self.choose(candidates, request.hint if self.needs_prompt else "")
-
-    def worker_removed(self, worker_id: str) -> None:
-        """The worker left the pool for good: forget what is kept about it."""
-
-
-class RoundRobin(Policy):
-    """Each candidate in turn. The counter is global, so with a changing candidate set the turn still rotates."""
-
-    name = "round_robin"
-
-    def __init__(self) -> None:
-        self._counter = itertools.count()
-
-    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
-        return candidates[next(self._counter) % len(candidates)]
-
-
-class RandomChoice(Policy):
-    name = "random"
-
-    def __init__(self, seed: int | None = None) -> None:
-        self._rng = random.Random(seed)
-
-    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
-        return self._rng.choice(candidates)
-
-
-class PowerOfTwo(Policy):
-    """Sample two candidates, take the one with fewer in-flight requests: near-least-loaded without a global scan."""
-
-    name = "power_of_two"
-
-    def __init__(self, seed: int | None = None) -> None:
-        self._rng = random.Random(seed)
-
-    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
-        if len(candidates) == 1:
-            return candidates[0]
-        first, second = self._rng.sample(list(candidates), 2)
-        return first if first.in_flight <= second.in_flight else second
-
-
-class PrefixAffinity(Policy):
-    """Requests sharing a prompt prefix go to the worker that served it, so SGLang's radix cache hits.
-
-    The prompt is cut into blocks; each block's key hashes the whole prefix up to it (like SGLang's page keys), and a
-    bounded LRU map remembers which worker last served each key. The longest remembered prefix wins, unless that
-    worker has `max_imbalance` more requests in flight than the least loaded one: then load wins.
-    """
-
-    name = "prefix"
-    needs_prompt = True
-
-    def __init__(self, block_chars: int = 64, min_blocks: int = 2, max_imbalance: int = 4, capacity: int = 200_000):
-        self.block_chars, self.min_blocks, self.max_imbalance, self.capacity = (
-            block_chars, min_blocks, max_imbalance, capacity)
-        self._owner: OrderedDict[bytes, str] = OrderedDict()
-        self._rng = random.Random()
-
-    def _keys(self, prompt: str) -> list[bytes]:
-        keys, digest = [], hashlib.blake2b(digest_size=16)
-        data = prompt.encode()
-        for start in range(0, len(data) - self.block_chars + 1, self.block_chars):
-            digest.update(data[start:start + self.block_chars])
-            keys.append(digest.copy().digest())
-        return keys
-
-    def choose(self, candidates: Sequence[Worker], prompt: str) -> Worker:
-        keys = self._keys(prompt)
-        by_id = {w.worker_id: w for w in candidates}
-        lowest = min(w.in_flight for w in candidates)
-        least = self._rng.choice([w for w in candidates if w.in_flight == lowest])  # spread new prefixes
-        chosen = least
-        for depth in range(len(keys), self.min_blocks - 1, -1):
-            owner = by_id.get(self._owner.get(keys[depth - 1], ""))
-            if owner is not None:
-                if owner.in_flight - least.in_flight < self.max_imbalance:
-                    chosen = owner
-                break
-        for key in keys:
-            self._owner[key] = chosen.worker_id
-            self._owner.move_to_end(key)
-        while len(self._owner) > self.capacity:
-            self._owner.popitem(last=False)
-        return chosen
-
-    def worker_removed(self, worker_id: str) -> None:
-        for key in [key for key, owner in self._owner.items() if owner == worker_id]:
-            del self._owner[key]
-
-
-def _cache_aware() -> Policy:
-    return cast(Policy, CacheAware(PrefixAffinity(), RoundRobin()))  # a Policy by its methods: cannot import this
-
-
-# Every policy by its name in the router config (router/config.py's POLICIES names the same).
-REGISTRY: dict[str, Callable[[], Policy]] = {
-    RoundRobin.name: RoundRobin,
-    RandomChoice.name: RandomChoice,
-    PowerOfTwo.name: PowerOfTwo,
-    PrefixAffinity.name: PrefixAffinity,
-    "cache_aware": _cache_aware,
-}
-
-
-def make_policy(name: str) -> Policy:
-    """A new policy of that name (one the router config accepted: router/config.py's POLICIES)."""
-    return REGISTRY[name]()
 
 
 # --- the pair's limits -----------------------------------------------------------------------------------------------

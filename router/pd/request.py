@@ -1,19 +1,18 @@
 """One client request on its way through the router, as nano-vllm's `Sequence` is through its engine: the
 `PdRequest` made once the body is checked (router/service.py, from the `Checked` of router/checks/checked.py), read by
 pairing (router/pd/pairing.py) and its attempts (router/pd/attempt.py). Each attempt sets the fields of the attempt:
-its number, its rids (the PD fields, below), its start.
+its number, its rids (the PD fields, below), its start. The policies never see it: they read a RoutingView of it
+(router/routing/policy.py), and what they choose is given to the attempt as its `Choice`.
 
-Lean on purpose, for it is made for every request: the body is parsed once and kept as the one dict that is sent
-(each attempt replaces its PD fields whole, so no copy is needed between attempts), and the prompt is made into
-text for a policy only when one asks for it (`hint`).
+Lean on purpose, for it is made for every request: it holds only what every request has (a fan-out's choices get
+their options apart: router/pd/fan_out_options.py), and the body is parsed once and kept as the one dict that is sent
+(each attempt replaces its PD fields whole, so no copy is needed between attempts).
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
-from collections.abc import Callable
 from typing import Any
 
 from router.checks.checked import Checked
@@ -22,17 +21,15 @@ from router.fleet.workers import Worker
 
 def wants_logprobs(body: dict[str, Any]) -> bool:
     """Whether a native request asked for logprobs (`return_logprob`, one flag or one per batch item): then the
-    prefill's input logprobs are merged into the decode's answer (router/pd/logprobs.py), which no other
-    request needs."""
+    prefill's input logprobs are merged into the decode's answer (router/pd/logprobs.py), which no other request
+    needs."""
     flag = body.get("return_logprob")
     return any(flag) if isinstance(flag, list) else bool(flag)
 
 
 class PdRequest:
-    __slots__ = ("_hint", "attempt", "attempt_started", "body", "checked", "deadline", "headers", "merge_logprobs",
-                 "on_paired", "predicted_cached", "prefer_prefill", "prefill_gate", "prefill_work", "prompt_ids",
-                 "request_id",
-                 "rids", "route", "started", "timed", "tried")
+    __slots__ = ("attempt", "attempt_started", "body", "checked", "deadline", "headers", "merge_logprobs",
+                 "request_id", "rids", "route", "started", "tried")
 
     def __init__(self, route: str, request_id: str, body: dict[str, Any], checked: Checked, started: float,
                  total_timeout: float):
@@ -45,32 +42,10 @@ class PdRequest:
         self.tried: set[str] = set()  # workers that failed this request: the next attempt avoids them
         self.rids: list[str] = []  # the current attempt's, the ids its halves are aborted by
         self.attempt_started = started
-        self._hint: str | None = None
-        # One choice of several (router/openai/fanout.py): the prefill that will hold the prompt, what to call when an
-        # attempt's prefill half is sent (with its prefill, and the half's future), what a prefill half waits for
-        # before it is sent, and whether a stream's duration is this request's (a fan-out times its merged stream).
-        self.prefer_prefill: str | None = None
-        self.on_paired: Callable[[Worker, Any], None] | None = None
-        self.prefill_gate: asyncio.Future | None = None
-        self.timed = True
-        # The cache_aware policy's (router/kv_routing/cache_aware.py): the prompt's token ids from a worker's
-        # tokenizer, the
-        # cached tokens it predicted on the chosen prefill, which the answer's own count is compared with, and the
-        # tokens that prefill will compute (by the ids; else its books take the estimate, `checked.prompt_tokens`).
-        self.prompt_ids: list[int] | None = None
-        self.predicted_cached: int | None = None
-        self.prefill_work: int | None = None
 
     @property
     def stream(self) -> bool:
         return self.checked.stream
-
-    @property
-    def hint(self) -> str:
-        """At most HINT_CHARS of the prompt as text, for policies that need the prompt (made once, when asked)."""
-        if self._hint is None:
-            self._hint = self.checked.hint
-        return self._hint
 
     def start_attempt(self, prefill: Worker) -> None:
         """A new attempt on a pair whose prefill is `prefill`: its PD fields and fresh rids go into the body, and the

@@ -20,6 +20,7 @@ from router.metrics import RouterMetrics
 from router.pd.attempt import Attempt, AttemptState, Dispatcher
 from router.pd.failures import HalfFailed
 from router.pd.request import PdRequest
+from router.routing.policy import Choice
 from router.transport.edge import Answer, StreamAnswer
 from router.transport.upstream import UpstreamClient
 from tests.fakes import Behaviour, FakeWorker, ServerThread
@@ -37,16 +38,17 @@ class Rig:
         self.metrics = RouterMetrics(self.pool)
         self.background: set[asyncio.Future] = set()
 
-    async def run(self, body: dict, drive: Callable[[Attempt], Awaitable[object]]) -> tuple[Attempt, object]:
+    async def run(self, body: dict, drive: Callable[[Attempt], Awaitable[object]],
+                  prefill_work: int | None = None) -> tuple[Attempt, object]:
         """An attempt of `body` on the pair, driven by `drive`; returns once everything it left in the background
-        (the aborts, the prefill's answer) is done."""
+        (the aborts, the prefill's answer) is done. `prefill_work`: what the prefill policy counted it will compute."""
         client = UpstreamClient(self.config.connect_timeout, self.config.read_timeout)
         body = dict(body)  # the attempt adds its PD fields to it
         request = PdRequest("/generate", "test", body, check_generate(body), time.monotonic(),
                             self.config.total_timeout)
         request.start_attempt(self.prefill)
-        attempt = Attempt(Dispatcher(client, self.metrics, self.background, self.config), request, self.prefill,
-                          self.decode)
+        attempt = Attempt(Dispatcher(client, self.metrics, self.background, self.config), request,
+                          Choice(self.prefill, self.decode, prefill_work=prefill_work))
         try:
             result = await drive(attempt)
         finally:
@@ -65,12 +67,13 @@ class Rig:
                 "aborts": [self.metric("pdcluster_router_aborts_sent_total", role=r) for r in ("prefill", "decode")]}
 
 
-def attempt_on(prefill: FakeWorker, decode: FakeWorker, body: dict, drive, **config) -> tuple[Attempt, object, Rig]:
+def attempt_on(prefill: FakeWorker, decode: FakeWorker, body: dict, drive, prefill_work: int | None = None,
+               **config) -> tuple[Attempt, object, Rig]:
     with ExitStack() as stack:
         p = stack.enter_context(ServerThread(prefill.app()))
         d = stack.enter_context(ServerThread(decode.app()))
         rig = Rig(p.url, d.url, **config)
-        attempt, result = asyncio.run(rig.run(body, drive))
+        attempt, result = asyncio.run(rig.run(body, drive, prefill_work))
     assert attempt.state is attempt.outcome.ending  # ended once, as recorded
     attempt.end(AttemptState.DELIVERED)  # a second end() changes nothing
     assert attempt.state is attempt.outcome.ending
@@ -135,7 +138,6 @@ def test_a_prompt_predicted_cached_books_only_what_the_prefill_will_compute():
     seen: dict = {}
 
     async def whole(attempt: Attempt) -> Answer | StreamAnswer:
-        attempt.request.prefill_work = 3  # cache_aware's count: all but 3 of its tokens held
         answering = asyncio.ensure_future(attempt.answer())
         while attempt.prefill_half is None:
             await asyncio.sleep(0.01)
@@ -144,7 +146,8 @@ def test_a_prompt_predicted_cached_books_only_what_the_prefill_will_compute():
         return await answering
 
     attempt, answer, rig = attempt_on(FakeWorker(Behaviour(delay=0.5)), FakeWorker(Behaviour(delay=0.5)),
-                                      {"text": "the same long prompt " * 40}, whole)
+                                      {"text": "the same long prompt " * 40}, whole,
+                                      prefill_work=3)  # cache_aware's count: all but 3 of its tokens held
     assert answer.status == 200 and seen["prompt"] > 40
     assert seen == {"prompt": attempt.request.checked.prompt_tokens, "work": 3, "decode_work": 3}
     assert rig.books()["prompt_tokens"] == [0, 0]

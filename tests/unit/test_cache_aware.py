@@ -10,8 +10,8 @@ from router.kv_routing.cache_aware import CacheAware
 from router.kv_routing.kv_routed import RoutedPrompts
 from router.kv_routing.kv_wire import Stored
 from router.metrics import RouterMetrics
-from router.pd.pairing import make_policy
-from router.pd.request import PdRequest
+from router.pd.policies import make_policy
+from router.routing.policy import Choice, RoutingView
 
 PAGE = 4
 IDENTITY = ModelIdentity(model_path="m", served_model_name="m", page_size=PAGE, kv_cache_dtype="auto",
@@ -23,10 +23,21 @@ def prefills(n: int = 3) -> list[Worker]:
     return [Worker(f"p{i}", Role.PREFILL, f"http://p{i}", "h", 9000 + i, identity=IDENTITY) for i in range(n)]
 
 
-def request(ids: list[int] | None = None, text: str = "hello") -> PdRequest:
+DECODE = Worker("d0", Role.DECODE, "http://d0", identity=IDENTITY)
+
+
+def request(ids: list[int] | None = None, text: str = "hello") -> RoutingView:
+    """What the policy reads of a /generate of `ids` (given as token ids), or else of `text`."""
     checked = (Checked(None, False, ids, token_ids="input_ids", prompts=(ids,)) if ids is not None
                else Checked(None, False, text))
-    return PdRequest("/generate", "r", {}, checked, 0.0, 60.0)
+    return RoutingView("/generate", {}, checked)
+
+
+def choose(policy: CacheAware, workers: list[Worker], view: RoutingView) -> Choice:
+    """The policy's choice as the prefill policy, of a prefill among `workers` for DECODE."""
+    choice = policy.choose_prefill(DECODE, workers, view)
+    assert choice.decode is DECODE
+    return choice
 
 
 def policy_holding(held: dict[str, int]) -> CacheAware:
@@ -52,8 +63,8 @@ def test_the_holder_of_the_longest_prefix_wins():
     workers = prefills()
     policy = policy_holding({"p0": 40, "p1": 320, "p2": 0})
     for _ in range(5):
-        routed = request([*PROMPT, 7, 7])
-        assert policy.choose_for(workers, routed).worker_id == "p1" and routed.predicted_cached == 320
+        choice = choose(policy, workers, request([*PROMPT, 7, 7]))
+        assert choice.prefill.worker_id == "p1" and choice.predicted_cached == 320
     assert decisions(policy, "indexed") == 5
 
 
@@ -61,10 +72,10 @@ def test_load_outweighs_a_small_hit_not_a_large_one():
     workers = prefills(2)
     policy = policy_holding({"p0": 16, "p1": 0})
     workers[0].pending_work_tokens, workers[0].in_flight = 2000, 2  # a queue far longer than the 16 tokens saved
-    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p1"
+    assert choose(policy, workers, request(PROMPT)).prefill.worker_id == "p1"
     policy = policy_holding({"p0": 400, "p1": 0})
     workers[0].pending_work_tokens = 100  # a short queue: the whole prompt cached is worth it
-    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p0"
+    assert choose(policy, workers, request(PROMPT)).prefill.worker_id == "p0"
 
 
 def test_queued_repeats_of_a_held_prompt_are_short_work_not_their_whole_prompts():
@@ -73,7 +84,7 @@ def test_queued_repeats_of_a_held_prompt_are_short_work_not_their_whole_prompts(
     workers = prefills(2)
     policy = policy_holding({"p0": 400, "p1": 0})
     workers[0].pending_prompt_tokens, workers[0].pending_work_tokens, workers[0].in_flight = 1200, 3 * 8, 3
-    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p0"
+    assert choose(policy, workers, request(PROMPT)).prefill.worker_id == "p0"
 
 
 def test_a_burst_sharing_a_new_prefix_goes_where_its_first_went_before_any_event_tells():
@@ -82,11 +93,11 @@ def test_a_burst_sharing_a_new_prefix_goes_where_its_first_went_before_any_event
     policy = policy_holding({"p0": 8, "p1": 8})  # both heard of, neither holds the new prompt
     policy.routed = RoutedPrompts()
     new = list(range(1000, 1400))
-    first = policy.choose_for(workers, request(new))
+    first = choose(policy, workers, request(new)).prefill
     first.pending_work_tokens, first.in_flight = 400, 1  # its prefill half is queued there
     for suffix in range(3):
-        follower = request([*new[:384], *range(2000 + suffix * 16, 2016 + suffix * 16)])
-        assert policy.choose_for(workers, follower) is first and follower.predicted_cached == 384
+        follower = choose(policy, workers, request([*new[:384], *range(2000 + suffix * 16, 2016 + suffix * 16)]))
+        assert follower.prefill is first and follower.predicted_cached == 384
 
 
 def test_the_chosen_prefill_is_booked_with_what_it_will_compute_by_the_ids_not_the_estimate():
@@ -94,13 +105,13 @@ def test_the_chosen_prefill_is_booked_with_what_it_will_compute_by_the_ids_not_t
     a queued request of ~760 tokens look like 2500, and every tenant ended up on both prefills."""
     workers = prefills(2)
     policy = policy_holding({"p0": 400, "p1": 0})
-    single = PdRequest("/generate", "r", {}, Checked(None, False, PROMPT, token_ids="input_ids", prompts=(PROMPT,),
-                                                      prompt_tokens=1300), 0.0, 60.0)
-    assert policy.choose_for(workers, single).worker_id == "p0"
+    single = choose(policy, workers, RoutingView("/generate", {}, Checked(
+        None, False, PROMPT, token_ids="input_ids", prompts=(PROMPT,), prompt_tokens=1300)))
+    assert single.prefill.worker_id == "p0"
     assert single.predicted_cached == 396 and single.prefill_work == 400 - 396
-    batch = PdRequest("/generate", "r", {}, Checked(2, False, PROMPT, token_ids="input_ids", prompts=(PROMPT, PROMPT),
-                                                     prompt_tokens=1300), 0.0, 60.0)
-    policy.choose_for(workers, batch)  # its ids are its first prompt's: the estimate stands for the rest
+    batch = choose(policy, workers, RoutingView("/generate", {}, Checked(
+        2, False, PROMPT, token_ids="input_ids", prompts=(PROMPT, PROMPT), prompt_tokens=1300)))
+    # its ids are its first prompt's: the estimate stands for the rest
     assert batch.predicted_cached is None and batch.prefill_work == 1300 - 396
 
 
@@ -108,36 +119,35 @@ def test_blind_it_routes_as_round_robin_and_without_token_ids_by_the_prompts_tex
     workers = prefills()
     policy = policy_holding({})  # no worker publishes: perhaps none caches; the cluster's old default
     text = "You are a helpful assistant. " * 20
-    assert {policy.choose_for(workers, request(text=text + q)).worker_id for q in ("1?", "2?", "3?")} == {
+    assert {choose(policy, workers, request(text=text + q)).prefill.worker_id for q in ("1?", "2?", "3?")} == {
         "p0", "p1", "p2"}
     assert decisions(policy, "blind") == 3
     for worker in workers:  # subscribed, but nothing heard yet (or a port the router cannot reach): still blind
         policy.index.open(worker.worker_id, PAGE)
-    assert {policy.choose_for(workers, request(PROMPT)).worker_id for _ in range(3)} == {"p0", "p1", "p2"}
+    assert {choose(policy, workers, request(PROMPT)).prefill.worker_id for _ in range(3)} == {"p0", "p1", "p2"}
     assert decisions(policy, "blind") == 6
     policy = policy_holding({"p0": 40})  # indexed workers, but no tokenizer loaded for model "m"
-    first = policy.choose_for(workers, request(text=text + "one?"))
-    assert all(policy.choose_for(workers, request(text=text + q)) is first for q in ("two?", "three?"))
+    first = choose(policy, workers, request(text=text + "one?")).prefill
+    assert all(choose(policy, workers, request(text=text + q)).prefill is first for q in ("two?", "three?"))
     assert decisions(policy, "no_tokens") == 3
 
 
-def test_the_prediction_is_what_sglang_reuses_and_rides_on_the_request():
+def test_the_prediction_is_what_sglang_reuses_and_rides_on_the_choice():
     workers = prefills(2)
     policy = policy_holding({"p0": 400, "p1": 0})  # all of PROMPT's pages
-    whole = request(PROMPT)
-    assert policy.choose_for(workers, whole).worker_id == "p0"
+    whole = choose(policy, workers, request(PROMPT))
+    assert whole.prefill.worker_id == "p0"
     assert whole.predicted_cached == 396  # SGLang computes at least the last token: the last page is recomputed
-    batch = PdRequest("/generate", "r", {}, Checked(2, False, PROMPT, token_ids="input_ids", prompts=(PROMPT, [1])),
-                      0.0, 60.0)
-    assert policy.choose_for(workers, batch).worker_id == "p0"
+    batch = choose(policy, workers, RoutingView("/generate", {}, Checked(2, False, PROMPT, token_ids="input_ids",
+                                                                         prompts=(PROMPT, [1]))))
+    assert batch.prefill.worker_id == "p0"
     assert batch.predicted_cached is None  # its answer counts both prompts' cached tokens: nothing to compare
 
 
 def test_one_candidate_is_no_choice_nothing_is_tokenized_or_counted():
     policy, only = policy_holding({"p0": 400}), prefills(1)
-    one = request(PROMPT)
-    one.predicted_cached = 5  # an earlier attempt's
-    assert policy.choose_for(only, one) is only[0] and one.predicted_cached is None
+    one = choose(policy, only, request(PROMPT))
+    assert one.prefill is only[0] and one.predicted_cached is None and one.prefill_work is None
     assert decisions(policy, "indexed") == decisions(policy, "blind") == 0
 
 
@@ -145,4 +155,4 @@ def test_a_worker_without_events_beside_indexed_ones_is_routed_by_load():
     workers = prefills(2)
     policy = policy_holding({"p0": 8})
     workers[0].pending_work_tokens = 5000
-    assert policy.choose_for(workers, request(PROMPT)).worker_id == "p1"  # p1: blind, idle
+    assert choose(policy, workers, request(PROMPT)).prefill.worker_id == "p1"  # p1: blind, idle

@@ -17,7 +17,7 @@ from router.checks.checked import Checked
 from router.config import RouterConfig
 from router.fleet.workers import Worker, WorkerPool
 from router.kv_routing.prompt_ids import BOUNDARY_TOKENS, MAX_CHARS, PromptTokens
-from router.pd.request import PdRequest
+from router.routing.policy import RoutingView
 from router.transport.upstream import UpstreamClient
 from tests.fakes import Behaviour, FakeWorker, ServerThread, fake_ids
 from tests.helpers import until
@@ -80,7 +80,7 @@ def test_a_router_without_the_model_routes_by_a_workers_tokenizer_and_reports_it
     assert metrics[("pdcluster_router_kv_prediction_miss_tokens_bucket", (("le", "16.0"),))] == 1
 
 
-def ask(worker: FakeWorker, *requests: PdRequest) -> list[list[int] | None]:
+def ask(worker: FakeWorker, *requests: RoutingView) -> list[list[int] | None]:
     """What one PromptTokens gets for each request from the worker's /tokenize."""
     async def run(url: str) -> list[list[int] | None]:
         client, tokens = UpstreamClient(5.0, 5.0), PromptTokens()
@@ -97,9 +97,9 @@ def test_a_workers_tokenize_is_asked_what_the_engine_renders_and_a_long_text_is_
     worker = FakeWorker()
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     body = {"messages": [{"role": "user", "content": "hello there"}], "tools": tools, "max_tokens": 5}
-    chat = PdRequest("/v1/chat/completions", "r", body, Checked(None, False, "hello there"), 0.0, 60.0)
+    chat = RoutingView("/v1/chat/completions", body, Checked(None, False, "hello there"))
     text = "ab" * MAX_CHARS
-    long = PdRequest("/generate", "r", {"text": text}, Checked(None, False, text), 0.0, 60.0)
+    long = RoutingView("/generate", {"text": text}, Checked(None, False, text))
     assert ask(worker, chat, long) == [[0, 1, 2, 3, *fake_ids("hello there")],
                                        fake_ids(text[:MAX_CHARS])[:-BOUNDARY_TOKENS]]  # a longer text may merge the cut
     assert worker.tokenized == [{"messages": body["messages"], "tools": tools},  # as SGLang's chat renders it
@@ -107,7 +107,7 @@ def test_a_workers_tokenize_is_asked_what_the_engine_renders_and_a_long_text_is_
 
 
 def test_a_failing_tokenize_leaves_the_request_to_its_text_and_is_logged_once(caplog):
-    request = PdRequest("/generate", "r", {"text": "hi"}, Checked(None, False, "hi"), 0.0, 60.0)
+    request = RoutingView("/generate", {"text": "hi"}, Checked(None, False, "hi"))
     with caplog.at_level(logging.WARNING, logger="pdcluster.router"):
         assert ask(FakeWorker(tokenize_status=500), request, request) == [None, None]
     assert len([r for r in caplog.records if "/tokenize failed" in r.getMessage()]) == 1

@@ -19,8 +19,9 @@ from router.kv_routing.kv_wire import Stored
 from router.kv_routing.prompt_ids import MAX_CHARS
 from router.kv_routing.token_pieces import PIECE_CHARS, PieceTokenizer
 from router.metrics import RouterMetrics
-from router.pd.pairing import make_policy
-from router.pd.request import PdRequest
+from router.pd.policies import make_policy
+from router.routing.policy import Choice, RoutingView
+from tests.unit.test_cache_aware import choose
 
 IDENTITY = ModelIdentity(model_path="m", served_model_name="m", page_size=1, kv_cache_dtype="auto",
                          transfer_backend="mooncake")
@@ -62,18 +63,19 @@ def setup(held_words: int, shared: str) -> tuple[CacheAware, list[Worker], Words
     return policy, workers, words
 
 
-def request(prompt: str) -> PdRequest:
+def request(prompt: str, ids: list[int] | None = None) -> RoutingView:
+    """What the policy reads of a /generate of `prompt` (`ids`: its ids by a worker's /tokenize)."""
     body = {"text": prompt}
-    return PdRequest("/generate", "r", body, check_generate(body), 0.0, 60.0)
+    return RoutingView("/generate", body, check_generate(body), ids)
 
 
 def test_a_novel_prompt_costs_one_piece_and_books_its_tokens_at_the_rate_read():
     prompt = text(4000, seed=1)  # ~25k characters, 4001 tokens
     policy, workers, words = setup(2000, text(3000, seed=2))
     novel = request(prompt)
-    asyncio.run(decide(policy, workers, novel, words, lambda read: read < 2 * PIECE_CHARS))
-    assert novel.predicted_cached == 1  # its BOS
-    assert novel.prefill_work is not None and abs(novel.prefill_work - 4001) < 400  # the estimate: 2x this
+    chosen = asyncio.run(decide(policy, workers, novel, words, lambda read: read < 2 * PIECE_CHARS))
+    assert chosen.predicted_cached == 1  # its BOS
+    assert chosen.prefill_work is not None and abs(chosen.prefill_work - 4001) < 400  # the estimate: 2x this
     assert novel.checked.prompt_tokens > 2 * 4001
 
 
@@ -81,14 +83,14 @@ def test_a_shared_prefix_is_matched_to_the_token_and_read_no_further_than_a_piec
     shared = text(3000, seed=2)
     policy, workers, words = setup(1003, shared)  # 1004 tokens held: not a whole number of chunks
     tenant = request(shared + " " + text(40, seed=3))
-    assert asyncio.run(decide(policy, workers, tenant, words, lambda read: read < len(shared) / 2)) == "p0"
-    assert tenant.predicted_cached == 1004
-    assert tenant.prefill_work is not None and abs(tenant.prefill_work - (3041 - 1004)) < 200  # the rest: estimated
+    chosen = asyncio.run(decide(policy, workers, tenant, words, lambda read: read < len(shared) / 2))
+    assert chosen.prefill.worker_id == "p0" and chosen.predicted_cached == 1004
+    assert chosen.prefill_work is not None and abs(chosen.prefill_work - (3041 - 1004)) < 200  # the rest: estimated
 
 
-async def decide(policy: CacheAware, workers: list[Worker], routed: PdRequest, words: Words,
-                 read_ok: Callable[[int], bool]) -> str:
-    chosen = policy.choose_for(workers, routed).worker_id
+async def decide(policy: CacheAware, workers: list[Worker], routed: RoutingView, words: Words,
+                 read_ok: Callable[[int], bool]) -> Choice:
+    chosen = choose(policy, workers, routed)
     assert read_ok(words.chars), words.chars
     await asyncio.sleep(0)  # the routed credit's rest
     assert words.chars >= len(routed.body["text"]) - 2 * PIECE_CHARS
@@ -101,12 +103,11 @@ def test_a_burst_sharing_a_new_long_prefix_follows_its_first_request_once_its_re
     prefix = text(3000, seed=5)
 
     async def burst() -> list[tuple[str, int | None]]:
-        first = policy.choose_for(workers, request(prefix + " first"))
+        first = choose(policy, workers, request(prefix + " first")).prefill
         first.pending_work_tokens, first.in_flight = 3000, 1
         await asyncio.sleep(0)
-        followers = [request(prefix + f" follower {i}") for i in range(3)]
-        chosen = [(policy.choose_for(workers, f).worker_id, f.predicted_cached) for f in followers]
-        return [(first.worker_id, None), *chosen]
+        followers = [choose(policy, workers, request(prefix + f" follower {i}")) for i in range(3)]
+        return [(first.worker_id, None), *((f.prefill.worker_id, f.predicted_cached) for f in followers)]
 
     routed = asyncio.run(burst())
     assert {worker for worker, _ in routed} == {routed[0][0]}
@@ -115,10 +116,8 @@ def test_a_burst_sharing_a_new_long_prefix_follows_its_first_request_once_its_re
 
 def test_ids_a_worker_made_of_a_long_texts_first_characters_book_the_rest_at_their_rate():
     policy, _, _ = setup(2, text(10, seed=6))
-    long = request("word " * 20_000)  # 100k characters, of which `ask` tokenizes MAX_CHARS
-    long.prompt_ids = list(range(MAX_CHARS // 5))  # a token a word
+    long = request("word " * 20_000, list(range(MAX_CHARS // 5)))  # `ask` tokenizes MAX_CHARS: a token a word
     ids = policy.tokens.lazy(long, "m")
     assert ids is not None and abs(ids.tokens() - 20_000) < 10
-    short = request("word " * 100)
-    short.prompt_ids = list(range(100))
+    short = request("word " * 100, list(range(100)))
     assert policy.tokens.lazy(short, "m").tokens() == 100  # type: ignore[union-attr]

@@ -10,9 +10,9 @@ from router.kv_routing.cache_aware import CacheAware
 from router.kv_routing.kv_index import KvIndex
 from router.kv_routing.kv_routed import RoutedPrompts
 from router.kv_routing.kv_wire import Removed, Stored
-from router.pd.pairing import make_policy
+from router.pd.policies import make_policy
 from tests.unit.test_bootstrap_kv_secret import NS, kv_worker
-from tests.unit.test_cache_aware import IDENTITY, PAGE, PROMPT, request
+from tests.unit.test_cache_aware import IDENTITY, PAGE, PROMPT, choose, request
 
 SHARED = KVStoreMembership(namespace=NS, store_id="a" * 32)  # one volume, mounted by several prefills
 ELSEWHERE = KVStoreMembership(namespace=NS, store_id="b" * 32)  # the same model and format on another host's disk
@@ -54,18 +54,18 @@ def test_a_replica_reads_what_the_other_wrote_and_memory_wins_until_its_queue_co
     hold(chooser.index, p0, 320)  # and in its host memory: so on the shared store
     hold(chooser.index, p1, 0)
     hold(chooser.index, p2, 320)  # host memory without a store: its own, no one else's
-    routed = request(PROMPT)
-    assert chooser.choose_for([p1, p2], routed).worker_id == "p2", "p2's memory beats p1's reading"
-    assert chooser.choose_for([p0, p1], routed).worker_id == "p0" and routed.predicted_cached == 320
+    assert choose(chooser, [p1, p2], request(PROMPT)).prefill.worker_id == "p2", "p2's memory beats p1's reading"
+    routed = choose(chooser, [p0, p1], request(PROMPT))
+    assert routed.prefill.worker_id == "p0" and routed.predicted_cached == 320
     # p1 would read what p0 holds in memory: a quarter of 320 computed tokens, and as much again for the copy.
     p0.pending_work_tokens = 150  # a queue shorter than those 160: still p0
-    assert chooser.choose_for([p0, p1], request(PROMPT)).worker_id == "p0"
+    assert choose(chooser, [p0, p1], request(PROMPT)).prefill.worker_id == "p0"
     p0.pending_work_tokens = 200  # longer: reading them on p1 is cheaper
-    routed = request(PROMPT)
-    assert chooser.choose_for([p0, p1], routed).worker_id == "p1"
+    routed = choose(chooser, [p0, p1], request(PROMPT))
+    assert routed.prefill.worker_id == "p1"
     assert routed.predicted_cached == 320, "what the answer's cached_tokens will count (storage included)"
     p1.pending_work_tokens = 10_000
-    assert chooser.choose_for([p1, prefill("p3", None)], request(PROMPT)).worker_id == "p3", "load still counts"
+    assert choose(chooser, [p1, prefill("p3", None)], request(PROMPT)).prefill.worker_id == "p3", "load still counts"
 
 
 def test_a_restarted_prefill_keeps_its_stores_credit_and_gets_its_prefix_back():
@@ -74,14 +74,14 @@ def test_a_restarted_prefill_keeps_its_stores_credit_and_gets_its_prefix_back():
     hold(chooser.index, p0, 400)
     hold(chooser.index, cold, 0)
     chooser.index.apply("p0", [Removed(tuple(range(1, 101)), "CPU_PINNED")])  # evicted from memory: still on disk
-    assert chooser.choose_for([p0, cold], request(PROMPT)).worker_id == "p0"
+    assert choose(chooser, [p0, cold], request(PROMPT)).prefill.worker_id == "p0"
     chooser.index.drop("p0")  # restarted: a new incarnation's memory is empty, and not yet subscribed or heard
-    routed = request(PROMPT)
-    assert chooser.choose_for([p0, cold], routed).worker_id == "p0", "its warm disk draws its prefix back"
+    routed = choose(chooser, [p0, cold], request(PROMPT))
+    assert routed.prefill.worker_id == "p0", "its warm disk draws its prefix back"
     assert routed.predicted_cached == 396
     assert chooser.index.held([("cold", ELSEWHERE.store)], PROMPT)["cold"].tokens == 0
     chooser.index.open("p0", PAGE, SHARED.store)  # subscribed again: the store's pages still count
-    assert chooser.choose_for([p0, cold], request(PROMPT)).worker_id == "p0"
+    assert choose(chooser, [p0, cold], request(PROMPT)).prefill.worker_id == "p0"
 
 
 def test_known_by_its_store_alone_a_prefill_is_not_routed_blind():
@@ -91,4 +91,4 @@ def test_known_by_its_store_alone_a_prefill_is_not_routed_blind():
     chooser.index.drop("p0")  # both restarting, say: no events heard from either
     assert not chooser.index.heard("p0") and not chooser.index.heard("p1")
     p1.pending_work_tokens = 50
-    assert {chooser.choose_for([p0, p1], request(PROMPT)).worker_id for _ in range(5)} == {"p0"}, "not round robin"
+    assert {choose(chooser, [p0, p1], request(PROMPT)).prefill.worker_id for _ in range(5)} == {"p0"}, "not round robin"

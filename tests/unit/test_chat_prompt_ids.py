@@ -15,7 +15,7 @@ import pytest
 from router.checks.checked import Checked
 from router.kv_routing.chat_template import MAX_CHAT_CHARS
 from router.kv_routing.prompt_ids import MAX_CHARS, PromptTokens
-from router.pd.request import PdRequest
+from router.routing.policy import RoutingView
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 SMOLLM2, TINY = MODELS / "smollm2-135m-instruct", MODELS / "tiny-llama"
@@ -63,8 +63,8 @@ def smollm2_with_template(folder: Path, template: str) -> None:
     (folder / "chat_template.jinja").write_text(template)
 
 
-def chat(body: dict[str, Any]) -> PdRequest:
-    return PdRequest("/v1/chat/completions", "r", body, Checked(None, False, "x"), 0.0, 60.0)
+def chat(body: dict[str, Any]) -> RoutingView:
+    return RoutingView("/v1/chat/completions", body, Checked(None, False, "x"))
 
 
 def expected(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
@@ -181,7 +181,8 @@ def test_cache_aware_routes_a_chat_by_its_ids():
     from router.fleet.workers import Worker
     from router.kv_routing.cache_aware import CacheAware
     from router.kv_routing.kv_wire import Stored
-    from router.pd.pairing import make_policy
+    from router.pd.policies import make_policy
+    from tests.unit.test_cache_aware import choose
 
     identity = ModelIdentity(model_path=str(SMOLLM2), served_model_name="m", page_size=4, kv_cache_dtype="auto",
                              transfer_backend="mooncake")
@@ -196,7 +197,7 @@ def test_cache_aware_routes_a_chat_by_its_ids():
         policy.index.open(worker_id, 4)  # indexed, holding nothing
     pages = len(ids) // 4
     policy.index.open("p2", 4).apply(Stored(tuple(range(1, pages + 1)), None, tuple(ids[:pages * 4]), 4, "GPU"))
-    assert all(policy.choose_for(workers, chat(body)).worker_id == "p2" for _ in range(5))
+    assert all(choose(policy, workers, chat(body)).prefill.worker_id == "p2" for _ in range(5))
 
 
 def test_the_reasoning_switches_and_an_assistants_reasoning_are_rendered_as_sglang_passes_them(tmp_path, reference):

@@ -181,7 +181,7 @@ def test_a_new_instance_is_not_credited_with_what_its_predecessor_was_sent():
     async def scenario() -> None:
         from router.kv_routing import kv_events
         from router.kv_routing.cache_aware import CacheAware
-        from router.pd.pairing import make_policy
+        from router.pd.policies import make_policy
 
         policy, pool = make_policy("cache_aware"), WorkerPool(admission_check=False)
         assert isinstance(policy, CacheAware)

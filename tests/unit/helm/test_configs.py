@@ -136,9 +136,10 @@ def test_worker_configs_pass_the_launchers_validation(rendered, variant, demo_mo
 
     from bootstrap.config import BootstrapConfig
     from router.config import RouterConfig
+    from router.pd.policies import REGISTRY
 
     bootstrap = BootstrapConfig.model_validate(config_file(docs, "bootstrap"))
-    router = RouterConfig.model_validate(config_file(docs, "router"))
+    router = RouterConfig.model_validate(config_file(docs, "router"), context={"policies": REGISTRY})  # as loaded
     assert (bootstrap.host, bootstrap.port) == ("0.0.0.0", bootstrap_service["spec"]["ports"][0]["port"])
     assert (router.host, router.bootstrap_url) == ("0.0.0.0", bootstrap_url)
     assert router.api_key is None and bootstrap.token is None
