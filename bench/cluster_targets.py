@@ -18,8 +18,7 @@ import httpx
 import yaml
 
 from bench import procs
-from pdcluster import models
-from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local.cluster import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, models
 from pdcluster.worker import environment, plan
 from pdcluster.worker.registrar import forward_tokens
 

@@ -15,7 +15,7 @@ import httpx
 import yaml
 
 from bench import idle
-from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local.cluster import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
 
 REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench import report
 from bench.routing_report import WORDS
-from pdcluster.protocol import KVEventsEndpoint, ModelIdentity, Role
+from pdcluster.common.protocol import KVEventsEndpoint, ModelIdentity, Role
 from router.checks.validation import check_chat, check_generate
 from router.fleet.workers import Worker, WorkerPool
 from router.kv_routing.cache_aware import CacheAware

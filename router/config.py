@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from pdcluster.config_file import secret_or_env
+from pdcluster.common.config_file import secret_or_env
 
 # The load-balancing policies, one class each in router/pd/pairing.py's REGISTRY (tests/unit/test_policies.py checks
 # that
@@ -136,7 +136,7 @@ class RouterConfig(BaseModel):
     expose_worker_ids: bool = False
     # OpenTelemetry spans per request, attempt and leg (router/tracing/spans.py); unset: env PDCLUSTER_TRACING. Where
     # they
-    # go: the OTEL_* variables (pdcluster/otel.py).
+    # go: the OTEL_* variables (pdcluster/common/otel.py).
     tracing: bool | None = None
     log_level: str = "warning"
     # json: one JSON object per line (for log pipelines); text: human-readable lines.

@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from pdcluster.http import ApiError, check_bearer, parse_json_object
-from pdcluster.protocol import Role
+from pdcluster.common.http import ApiError, check_bearer, parse_json_object
+from pdcluster.common.protocol import Role
 from router.checks.checked import Checked
 from router.checks.validation import check_chat, check_completion, check_generate
 from router.config import RouterConfig

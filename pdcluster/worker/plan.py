@@ -21,12 +21,13 @@ from typing import Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
-from pdcluster.config_file import ConfigError, load_yaml, validation_message
+from pdcluster.common.config_file import ConfigError, load_yaml, validation_message
+from pdcluster.common.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration
+from pdcluster.common.sglang_args import sglang_parser
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration
 from pdcluster.worker import checks, environment, tracing
 from pdcluster.worker.kv_events import plan_kv_events
-from pdcluster.worker.options import SGLangOptions, sglang_parser
+from pdcluster.worker.options import SGLangOptions
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
 
 
@@ -80,8 +81,8 @@ TASKSET = "taskset"  # util-linux: on every Linux host and in the images
 # cluster.kv_store: SGLang HiCache with its file storage, set so that KV really persists (pdcluster/kvstore/). What
 # each role sets for it is its KV_STORE_FLAGS; what both share is here.
 KV_PAGE_SIZE = 64  # 64 tokens per file; the decode must use the prefill's page size anyway
-# CPU: only the direct io backend exists (pdcluster/cpu_hicache adapts it). GPU: SGLang's kernel io backend with the
-# page_first layout its HiCache guide recommends for storage backends (a page is contiguous across layers).
+# CPU: only the direct io backend exists (pdcluster/plugins/cpu_hicache adapts it). GPU: SGLang's kernel io backend with
+# the page_first layout its HiCache guide recommends for storage backends (a page is contiguous across layers).
 # CPU, reading stored pages: SGLang's default prefetch policy (best_effort) lets a request start as soon as it can,
 # with whatever pages have landed, and they land in batches of up to 128 (8192 tokens at page size 64): a long
 # prompt read from a cold disk and checked page by page came too late and was recomputed whole (bench/README.md, KV

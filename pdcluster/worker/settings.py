@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
-from pdcluster.config_file import secret_or_env
+from pdcluster.common.config_file import secret_or_env
 
 DEFAULT_GRACE_SECONDS = 60.0
 
@@ -85,8 +85,8 @@ class ClusterSettings(BaseModel):
     kv_events_port_base: int | None = Field(default=5557, ge=1024, le=65000)
     # KV cache that survives restarts (prefill; decode with decode_offload); null: off. See KVStoreSettings.
     kv_store: KVStoreSettings | None = None
-    # CPU profile only: extend attention that computes only the new tokens' queries (pdcluster/cpu_attention), so a
-    # cache hit or a prefill chunk does not pay the cached tokens' attention again, and decode attention batched in
+    # CPU profile only: extend attention that computes only the new tokens' queries (pdcluster/plugins/cpu_attention),
+    # so a cache hit or a prefill chunk does not pay the cached tokens' attention again, and decode attention batched in
     # one call per layer. false: SGLang's own.
     cpu_attention: bool = True
     # The cores SGLang's whole process tree (scheduler, tokenizer, detokenizer, Mooncake's threads) may run on, as

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
-from pdcluster.protocol import (
+from pdcluster.common.protocol import (
     KVEventsEndpoint,
     KVStoreMembership,
     ModelIdentity,

@@ -26,7 +26,7 @@ import time
 import zmq
 import zmq.asyncio
 
-from pdcluster.protocol import KVEventsEndpoint, Role
+from pdcluster.common.protocol import KVEventsEndpoint, Role
 from router.fleet.workers import Worker, WorkerPool
 from router.kv_routing.kv_index import KvIndex
 from router.kv_routing.kv_wire import END_OF_REPLAY, MAX_FRAME_BYTES, Batch, Malformed, decode, sequence_of

@@ -18,7 +18,7 @@ from enum import Enum
 
 import orjson
 
-from pdcluster.http import error_body
+from pdcluster.common.http import error_body
 from router.config import RouterConfig
 from router.fleet.workers import Worker, mark_failed
 from router.metrics import RouterMetrics

@@ -26,8 +26,8 @@ from typing import cast
 
 import orjson
 
-from pdcluster.http import ApiError
-from pdcluster.protocol import Role, WorkerCapabilities
+from pdcluster.common.http import ApiError
+from pdcluster.common.protocol import Role, WorkerCapabilities
 from router.checks.chat_checks import check_pair_has
 from router.checks.inventory.rules import PairLimit
 from router.fleet.workers import Worker, WorkerPool

@@ -9,8 +9,8 @@ from contextlib import ExitStack, contextmanager
 import httpx
 import pytest
 
-from pdcluster.http import ApiError
-from pdcluster.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration, WorkerStatus
+from pdcluster.common.http import ApiError
+from pdcluster.common.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration, WorkerStatus
 from router.app import create_app
 from router.checks.inventory.rules import MAX_GRAMMAR_BYTES, PairLimit
 from router.checks.validation import check_chat, check_completion, check_generate

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pdcluster.http import ApiError
-from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
+from pdcluster.common.http import ApiError
+from pdcluster.common.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
 from router.checks.checked import Checked
 from router.config import POLICIES
 from router.fleet.workers import CircuitBreaker, Worker, WorkerPool

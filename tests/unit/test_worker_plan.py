@@ -13,8 +13,8 @@ import pytest
 
 import decode.plan
 import prefill.plan
+from pdcluster.common.protocol import Role
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import Role
 from pdcluster.worker.environment import CPU_SHIM_DIR
 from pdcluster.worker.options import ConfigError
 from pdcluster.worker.plan import build_plan

@@ -1,5 +1,5 @@
 """The one internal the fork plugin wraps, checked first: SGLang 0.5.23's `_set_envs_and_config` (by fingerprint, as
-pdcluster/cpu_transfer_race does), the function that forces `spawn` before SGLang starts its processes."""
+pdcluster/plugins/cpu_transfer_race does), the function that forces `spawn` before SGLang starts its processes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from pdcluster.sglang_plugin import fingerprint, import_module, refuse
+from pdcluster.plugins.sglang_plugin import fingerprint, import_module, refuse
 
 MODULE, FUNCTION = "sglang.srt.entrypoints.engine", "_set_envs_and_config"
 # sha256 of ast.dump of the function without its docstring, as SGLang 0.5.23 ships it.

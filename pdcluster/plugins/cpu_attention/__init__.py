@@ -14,7 +14,7 @@ An internal missing or changed stops the process at plugin load with a message n
 
 from __future__ import annotations
 
-from pdcluster import sglang_plugin
+from pdcluster.plugins import sglang_plugin
 
 ENV_VAR = "PDCLUSTER_CPU_ATTENTION"
 
@@ -27,6 +27,6 @@ def register() -> None:
     """The `sglang.srt.plugins` entry point."""
     if not active():
         return
-    from pdcluster.cpu_attention import internals
+    from pdcluster.plugins.cpu_attention import internals
 
     sglang_plugin.apply("cpu_attention", internals.apply)

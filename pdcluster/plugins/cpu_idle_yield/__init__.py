@@ -18,7 +18,7 @@ of their code: SGLang changing either stops the worker at start, naming it, rath
 
 from __future__ import annotations
 
-from pdcluster import sglang_plugin
+from pdcluster.plugins import sglang_plugin
 
 ENV_VAR = "PDCLUSTER_CPU_IDLE_YIELD"
 
@@ -27,6 +27,6 @@ def register() -> None:
     """The `sglang.srt.plugins` entry point."""
     if not sglang_plugin.active(ENV_VAR, on_cuda="busy polling while a hand-off is pending"):
         return
-    from pdcluster.cpu_idle_yield import internals
+    from pdcluster.plugins.cpu_idle_yield import internals
 
     sglang_plugin.apply("cpu_idle_yield", internals.apply)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn, cast
 
-from pdcluster.sglang_plugin import fingerprint, import_module, refuse
+from pdcluster.plugins.sglang_plugin import fingerprint, import_module, refuse
 
 MODULE, CLASS = "sglang.srt.managers.scheduler", "Scheduler"
 # sha256 of ast.dump of each method without its docstring, as SGLang 0.5.23 ships it.

@@ -11,8 +11,8 @@ import inspect
 from types import ModuleType
 from typing import Any, NoReturn
 
-from pdcluster.cpu_hicache import ops
-from pdcluster.sglang_plugin import import_module, refuse
+from pdcluster.plugins.cpu_hicache import ops
+from pdcluster.plugins.sglang_plugin import import_module, refuse
 
 BASE, MHA, CONTROLLER = ("sglang.srt.mem_cache.pool_host.base", "sglang.srt.mem_cache.pool_host.mha",
                          "sglang.srt.managers.cache_controller")

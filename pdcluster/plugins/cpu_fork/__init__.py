@@ -15,7 +15,7 @@ fingerprint of its code: SGLang changing it stops the worker at start, naming it
 
 from __future__ import annotations
 
-from pdcluster import sglang_plugin
+from pdcluster.plugins import sglang_plugin
 
 ENV_VAR = "PDCLUSTER_CPU_FORK"
 
@@ -24,6 +24,6 @@ def register() -> None:
     """The `sglang.srt.plugins` entry point."""
     if not sglang_plugin.active(ENV_VAR, on_cuda="spawned processes"):
         return
-    from pdcluster.cpu_fork import internals
+    from pdcluster.plugins.cpu_fork import internals
 
     sglang_plugin.apply("cpu_fork", internals.apply)

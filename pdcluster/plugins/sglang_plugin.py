@@ -1,7 +1,7 @@
-"""What pdcluster's SGLang plugins (pdcluster/cpu_hicache, cpu_attention, cpu_transfer_race) share: when one is on, how
-it recognises the SGLang code it adapts, and how it refuses to start. SGLang's load_plugins() calls each plugin's
-register() in the launcher and in every scheduler/detokenizer process; a plugin acts only when its variable is 1 and
-torch sees no CUDA device."""
+"""What pdcluster's SGLang plugins (pdcluster/plugins/cpu_hicache, cpu_attention, cpu_transfer_race) share: when one is
+on, how it recognises the SGLang code it adapts, and how it refuses to start. SGLang's load_plugins() calls each
+plugin's register() in the launcher and in every scheduler/detokenizer process; a plugin acts only when its variable is
+1 and torch sees no CUDA device."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def refuse(plugin: str, env_var: str, what: str, written_for: str, instead: str)
     `instead` (what the operator can do, after "against this version")."""
     raise IncompatibleSGLang(
         f"pdcluster {plugin} ({env_var}=1) cannot adapt SGLang {sglang_version()}: {what}. It was written for SGLang "
-        f"{written_for}; re-check pdcluster/{plugin} against this version{instead}")
+        f"{written_for}; re-check pdcluster/plugins/{plugin} against this version{instead}")
 
 
 def fingerprint(fn: Any) -> str:

@@ -15,8 +15,8 @@ import logging
 from types import ModuleType
 from typing import Any, NoReturn
 
-from pdcluster.cpu_attention import ops
-from pdcluster.sglang_plugin import fingerprint, import_module, refuse
+from pdcluster.plugins.cpu_attention import ops
+from pdcluster.plugins.sglang_plugin import fingerprint, import_module, refuse
 
 BACKEND = "sglang.srt.layers.attention.torch_native_backend"
 CLASS = "TorchNativeAttnBackend"
