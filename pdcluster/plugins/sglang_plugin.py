@@ -1,7 +1,9 @@
-"""What pdcluster's SGLang plugins (pdcluster/plugins/cpu_hicache, cpu_attention, cpu_transfer_race) share: when one is
-on, how it recognises the SGLang code it adapts, and how it refuses to start. SGLang's load_plugins() calls each
-plugin's register() in the launcher and in every scheduler/detokenizer process; a plugin acts only when its variable is
-1 and torch sees no CUDA device."""
+"""The one registration of pdcluster's CPU plugins (pdcluster/plugins/cpu_attention, cpu_fork, cpu_hicache,
+cpu_idle_yield, cpu_transfer_race): each package's __init__ declares a `CpuPlugin` (its name, its variable, what SGLang
+uses instead on CUDA) and exposes its `register`, the `sglang.srt.plugins` entry point; what it adapts is in its
+internals.py. Shared here: when a plugin is on, how it recognises the SGLang code it adapts (fingerprints), and how it
+refuses to start. SGLang's load_plugins() calls each register() in the launcher and in every scheduler/detokenizer
+process; a plugin acts only when its variable is 1 and torch sees no CUDA device."""
 
 from __future__ import annotations
 
@@ -13,47 +15,60 @@ import logging
 import os
 import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, NoReturn
 
 logger = logging.getLogger(__name__)
 
 
-def active(env_var: str, on_cuda: str) -> bool:
-    """Whether the plugin behind `env_var` should adapt SGLang here (`on_cuda`: what SGLang uses instead, logged)."""
-    if os.environ.get(env_var) != "1":
-        return False
-    import torch
+@dataclass(frozen=True)
+class CpuPlugin:
+    """One CPU plugin: `name`, its package (pdcluster/plugins/<name>, whose internals.py checks every SGLang internal
+    it adapts, then patches them, in `apply() -> list[str]`, naming what it patched); `env_var`, the variable that turns
+    it on (the worker launcher sets it for CPU workers); `on_cuda`, what SGLang uses instead on a CUDA device (logged
+    when the variable is ignored there)."""
 
-    if torch.cuda.is_available():
-        logger.info("%s=1 ignored: torch sees a CUDA device, SGLang's own %s are used", env_var, on_cuda)
-        return False
-    return True
+    name: str
+    env_var: str
+    on_cuda: str
 
+    def active(self) -> bool:
+        """Whether the plugin should adapt SGLang here: its variable is 1 and torch sees no CUDA device."""
+        if os.environ.get(self.env_var) != "1":
+            return False
+        import torch
 
-def apply(name: str, patch: Callable[[], list[str]]) -> None:
-    """Run a plugin's `patch` (it checks every internal it adapts first and raises IncompatibleSGLang naming what
-    changed). load_plugins() logs and swallows an Exception from a plugin, and SGLang would then start without the
-    adaptation the config asked for (failing later and less clearly): so it leaves as SystemExit, which it does not
-    catch."""
-    try:
-        patched = patch()
-    except IncompatibleSGLang as exc:
-        raise SystemExit(str(exc)) from None
-    if patched:
-        logger.warning("pdcluster %s active (no CUDA): patched %s", name, ", ".join(patched))
+        if torch.cuda.is_available():
+            logger.info("%s=1 ignored: torch sees a CUDA device, SGLang's own %s are used", self.env_var, self.on_cuda)
+            return False
+        return True
+
+    def register(self) -> None:
+        """The `sglang.srt.plugins` entry point: nothing unless active; then internals.apply() (imported only now:
+        it imports SGLang's modules). It raises IncompatibleSGLang naming what changed, and load_plugins() logs and
+        swallows an Exception from a plugin: SGLang would then start without the adaptation the config asked for
+        (failing later and less clearly). So the refusal leaves as SystemExit, which it does not catch."""
+        if not self.active():
+            return
+        internals = importlib.import_module(f"{__package__}.{self.name}.internals")
+        try:
+            patched = internals.apply()
+        except IncompatibleSGLang as exc:
+            raise SystemExit(str(exc)) from None
+        if patched:
+            logger.warning("pdcluster %s active (no CUDA): patched %s", self.name, ", ".join(patched))
+
+    def refuse(self, what: str, written_for: str, instead: str) -> NoReturn:
+        """The plugin's refusal, one wording for all: which plugin, what changed, the SGLang it was written for, and
+        `instead` (what the operator can do, after "against this version")."""
+        raise IncompatibleSGLang(
+            f"pdcluster {self.name} ({self.env_var}=1) cannot adapt SGLang {sglang_version()}: {what}. It was written "
+            f"for SGLang {written_for}; re-check pdcluster/plugins/{self.name} against this version{instead}")
 
 
 class IncompatibleSGLang(RuntimeError):
     """An SGLang internal a plugin adapts is missing or has changed: the plugin refuses to start."""
-
-
-def refuse(plugin: str, env_var: str, what: str, written_for: str, instead: str) -> NoReturn:
-    """A plugin's refusal, one wording for all: which plugin, what changed, the SGLang it was written for, and
-    `instead` (what the operator can do, after "against this version")."""
-    raise IncompatibleSGLang(
-        f"pdcluster {plugin} ({env_var}=1) cannot adapt SGLang {sglang_version()}: {what}. It was written for SGLang "
-        f"{written_for}; re-check pdcluster/plugins/{plugin} against this version{instead}")
 
 
 def fingerprint(fn: Any) -> str:

@@ -21,15 +21,8 @@ it stops the worker at start, naming it, rather than being wrapped unseen.
 
 from __future__ import annotations
 
-from pdcluster.plugins import sglang_plugin
+from pdcluster.plugins.sglang_plugin import CpuPlugin
 
-ENV_VAR = "PDCLUSTER_CPU_TRANSFER_RACE"
-
-
-def register() -> None:
-    """The `sglang.srt.plugins` entry point."""
-    if not sglang_plugin.active(ENV_VAR, on_cuda="transfer loop (only pdcluster's thread guard applies)"):
-        return
-    from pdcluster.plugins.cpu_transfer_race import internals
-
-    sglang_plugin.apply("cpu_transfer_race", internals.apply)
+PLUGIN = CpuPlugin("cpu_transfer_race", "PDCLUSTER_CPU_TRANSFER_RACE",
+                   on_cuda="transfer loop (only pdcluster's thread guard applies)")
+ENV_VAR, register = PLUGIN.env_var, PLUGIN.register  # register: the entry point
