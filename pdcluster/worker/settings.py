@@ -1,13 +1,14 @@
-"""The `cluster:` section of a worker config: this project's own settings, next to SGLang's options."""
+"""The `cluster:` section of a worker config: this project's own settings, next to SGLang's options, and how it is
+read (the file's section with the command line's --cluster overrides on top)."""
 
 from __future__ import annotations
 
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pdcluster.common.config_file import secret_or_env
+from pdcluster.common.config_file import ConfigError, secret_or_env, validation_message
 
 DEFAULT_GRACE_SECONDS = 60.0
 
@@ -127,3 +128,26 @@ class ClusterSettings(BaseModel):
 
     def resolved_token(self) -> str | None:
         return secret_or_env(self.token, "PDCLUSTER_TOKEN")
+
+
+def cluster_settings(section: object, overrides: dict[str, str | None] | None) -> ClusterSettings:
+    """The file's cluster: section with the --cluster overrides on top, validated."""
+    if isinstance(section, dict):
+        section = _merge_overrides(section, overrides)
+    try:
+        return ClusterSettings.model_validate(section)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, section="cluster")) from None
+
+
+def _merge_overrides(section: dict, overrides: dict[str, str | None] | None) -> dict:
+    """`kv_store.max_size=10GiB` sets one key of a subsection."""
+    merged = dict(section)
+    for key, value in (overrides or {}).items():
+        head, dot, rest = key.partition(".")
+        if dot:
+            sub = merged.get(head)
+            merged[head] = {**({"dir": sub} if isinstance(sub, str) else sub or {}), rest: value}
+        else:
+            merged[key] = value
+    return merged
