@@ -18,7 +18,9 @@ import httpx
 import yaml
 
 from bench import procs
-from pdcluster.local.cluster import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, models
+from pdcluster.local import models
+from pdcluster.local.cluster import LocalCluster
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from pdcluster.worker import environment, plan
 from pdcluster.worker.registrar import forward_tokens
 

@@ -15,7 +15,8 @@ import httpx
 import yaml
 
 from bench import idle
-from pdcluster.local.cluster import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local.cluster import LocalCluster
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 
 REPO = Path(__file__).resolve().parent.parent  # bench runs from the checkout (`python -m bench.<name>`)
 

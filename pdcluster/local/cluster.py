@@ -31,13 +31,9 @@ import httpx
 
 from pdcluster.common.config_file import ConfigError, fail, load_model
 from pdcluster.local.models import model_args
-from pdcluster.local.process import STOP_SIGNALS, Process
+from pdcluster.local.process import Process
 from pdcluster.local.restarts import RestartPolicy
-from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
-
-# The specs and Process live in their own modules; callers (tests, the chaos soak) import them from here too.
-__all__ = ["STOP_SIGNALS", "ComponentSpec", "LocalCluster", "LocalSpec", "Process", "WorkerGroupSpec", "hold_pid",
-           "main"]
+from pdcluster.local.spec import LocalSpec
 
 
 @dataclass(eq=False)  # hashable: supervising clusters are kept in a WeakSet

@@ -21,8 +21,9 @@ import psutil
 import pytest
 
 from bench.otlp_receiver import Receiver
-from pdcluster.local.cluster import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
+from pdcluster.local.cluster import LocalCluster, hold_pid
 from pdcluster.local.models import DEMO_ARGS
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from tests.e2e.reference import ReferenceModel
 from tests.helpers import CLUSTER_POLL, start_cluster, until, worker_url
 

@@ -16,8 +16,9 @@ import httpx
 import psutil
 import pytest
 
-from pdcluster.local.cluster import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local.cluster import LocalCluster
 from pdcluster.local.models import SMOLLM2
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from tests.e2e.reference import ReferenceModel
 from tests.helpers import start_cluster, until
 

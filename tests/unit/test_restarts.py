@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pdcluster.local.cluster import ComponentSpec, LocalCluster, LocalSpec, Process, WorkerGroupSpec, hold_pid
+from pdcluster.local.cluster import LocalCluster, hold_pid
+from pdcluster.local.process import Process
 from pdcluster.local.restarts import Backoff, RestartPolicy
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from tests.helpers import until
 
 
