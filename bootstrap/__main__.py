@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pdcluster.config_file import load_model
+from pdcluster.common.config_file import load_model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from bootstrap.app import create_app
-    from pdcluster.http_server import JsonErrorHttpTools
+    from pdcluster.common.http_server import JsonErrorHttpTools
 
     server: uvicorn.Server | None = None
     app = create_app(config, shutting_down=lambda: server is not None and server.should_exit)

@@ -21,8 +21,14 @@ from pydantic import BaseModel, ValidationError
 
 from bootstrap.config import BootstrapConfig
 from bootstrap.registry import Refused, Registry
-from pdcluster.http import ApiError, check_bearer, first_validation_problem, install_error_handlers, read_json_object
-from pdcluster.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration, from_newer
+from pdcluster.common.http import (
+    ApiError,
+    check_bearer,
+    first_validation_problem,
+    install_error_handlers,
+    read_json_object,
+)
+from pdcluster.common.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration, from_newer
 
 MAX_WAIT_SECONDS = 30.0
 log = logging.getLogger("pdcluster.bootstrap")

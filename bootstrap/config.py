@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pdcluster.config_file import secret_or_env
-from pdcluster.protocol import BOOTSTRAP_SERVICE_PORT
+from pdcluster.common.config_file import secret_or_env
+from pdcluster.common.protocol import BOOTSTRAP_SERVICE_PORT
 
 
 class BootstrapConfig(BaseModel):

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 
-from pdcluster.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration, WorkerStatus
+from pdcluster.common.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration, WorkerStatus
 
 
 def incompatibility(worker: WorkerRegistration, others: list[WorkerRegistration]) -> str:

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from pdcluster.protocol import WorkerListing, from_newer
+from pdcluster.common.protocol import WorkerListing, from_newer
 
 
 def format_table(listing: WorkerListing, now: float | None = None) -> str:

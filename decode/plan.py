@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pdcluster.config_file import ConfigError
-from pdcluster.protocol import Role
+from pdcluster.common.config_file import ConfigError
+from pdcluster.common.protocol import Role
 from pdcluster.worker.options import SGLangOptions
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
 

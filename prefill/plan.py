@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pdcluster.config_file import ConfigError
+from pdcluster.common.config_file import ConfigError
+from pdcluster.common.protocol import BOOTSTRAP_SERVICE_PORT, Role
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import BOOTSTRAP_SERVICE_PORT, Role
 from pdcluster.worker import checks
 from pdcluster.worker.options import SGLangOptions
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pdcluster.config_file import load_model
-from pdcluster.logs import setup_logging
+from pdcluster.common.config_file import load_model
+from pdcluster.common.logs import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from pdcluster.http import ApiError, check_bearer, install_error_handlers
-from pdcluster.protocol import Role
+from pdcluster.common.http import ApiError, check_bearer, install_error_handlers
+from pdcluster.common.protocol import Role
 from router import openapi
 from router.config import RouterConfig
 from router.fleet.discovery import FIRST_LISTING_WAIT, follow_registry, static_workers

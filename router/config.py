@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from pdcluster.config_file import secret_or_env
+from pdcluster.common.config_file import secret_or_env
 
 
 # The load-balancing policies are router/pd/policies.py's REGISTRY, which this module, the router's lowest, cannot
@@ -178,7 +178,7 @@ class RouterConfig(BaseModel):
     # internal names of the cluster.
     expose_worker_ids: bool = False
     # OpenTelemetry spans per request, attempt and leg (router/tracing/spans.py); unset: env PDCLUSTER_TRACING. Where
-    # they go: the OTEL_* variables (pdcluster/otel.py).
+    # they go: the OTEL_* variables (pdcluster/common/otel.py).
     tracing: bool | None = None
     # Stored responses and conversations (`store: true`, `previous_response_id`, the Conversations API).
     store: StoreConfig = Field(default_factory=StoreConfig)

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from pdcluster.children import die_with_parent, exit_status
-from pdcluster.logs import setup_logging
+from pdcluster.common.children import die_with_parent, exit_status
+from pdcluster.common.logs import setup_logging
 from router.config import RouterConfig
 
 log = logging.getLogger("pdcluster.router")
@@ -40,7 +40,7 @@ def run_process(config: RouterConfig, make_app: MakeApp, sock: socket.socket | N
     """Run one router process until SIGINT/SIGTERM (uvicorn's graceful shutdown)."""
     import uvicorn
 
-    from pdcluster.http_server import JsonErrorHttpTools
+    from pdcluster.common.http_server import JsonErrorHttpTools
 
     app = make_app(config)
     # The objects made at start-up live for good: keep them out of the collector's way, and collect less often

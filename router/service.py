@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from pdcluster.http import ApiError, check_bearer, parse_json_object
+from pdcluster.common.http import ApiError, check_bearer, parse_json_object
 from router.checks.checked import Checked
 from router.checks.validation import check_chat, check_completion, check_generate
 from router.config import RouterConfig

@@ -17,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pdcluster.http_server import JsonErrorHttpTools
+from pdcluster.common.http_server import JsonErrorHttpTools
 from tests.helpers import free_port, until
 
 

@@ -90,8 +90,8 @@ def give_up(local) -> None:
 
 
 def assert_plugin_refuses(plugin, internals, monkeypatch, change: str) -> str:
-    """An SGLang plugin of ours (pdcluster/sglang_plugin.py), turned on, whose adapted internal `change` is not what
-    it was written for: register() stops the process naming SGLang's version and the change (SystemExit: SGLang's
+    """An SGLang plugin of ours (pdcluster/plugins/sglang_plugin.py), turned on, whose adapted internal `change` is not
+    what it was written for: register() stops the process naming SGLang's version and the change (SystemExit: SGLang's
     load_plugins() swallows an Exception), with nothing left patched. Returns the message."""
     import re
 

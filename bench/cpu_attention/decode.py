@@ -1,10 +1,10 @@
 """`python -m bench.cpu_attention.decode`: one decode step's attention, in this process, no server. SGLang's CPU decode
 attention (`_run_sdpa_forward_decode`: per sequence, a K/V gather by indexing and an SDPA call) against pdcluster's
-(pdcluster/cpu_attention/ops.decode: one index_select and one SDPA for the batch), and pdcluster's op called sequence
-by sequence (what batching adds beyond the faster gather). SmolLM2-135M's shape (models/.../config.json), float32 as
-the CPU profile serves it, `--tokens` per sequence (the i-th one i tokens longer: padding), every layer its own K/V
-pool (as in a server: one layer's gather does not find the previous layer's rows in the CPU cache), slots scattered
-in pages of `--page` tokens. A step: the call once per layer. The implementations alternate; median and min of
+(pdcluster/plugins/cpu_attention/ops.decode: one index_select and one SDPA for the batch), and pdcluster's op called
+sequence by sequence (what batching adds beyond the faster gather). SmolLM2-135M's shape (models/.../config.json),
+float32 as the CPU profile serves it, `--tokens` per sequence (the i-th one i tokens longer: padding), every layer its
+own K/V pool (as in a server: one layer's gather does not find the previous layer's rows in the CPU cache), slots
+scattered in pages of `--page` tokens. A step: the call once per layer. The implementations alternate; median and min of
 `--repeats` steps (after a warm-up), in ms. This machine is shared: run it with nice, and repeat."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _batch(batch: int, tokens: int, page: int, shape: dict, gen: torch.Generator
 def measure(batches: list[int], tokens: int, page: int, repeats: int) -> dict:
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    from pdcluster.cpu_attention import internals, ops
+    from pdcluster.plugins.cpu_attention import internals, ops
 
     shape = dims()
     sglang_own, backend = internals.check()["decode"], object.__new__(TorchNativeAttnBackend)

@@ -1,8 +1,8 @@
 """The attention alone, in this process: SGLang's CPU extend attention (`_run_sdpa_forward_extend`) against
-pdcluster's (pdcluster/cpu_attention/ops.extend) at a model's head shape, for the extends one benchmark prompt causes:
-each chunk of a cold prefill (SGLang's chunked-prefill size) and a hit's uncached tail. Times all layers (one layer's
-median x layers), the two alternating. What SGLang's costs beyond pdcluster's is the attention a cache or an earlier
-chunk already paid for: the most a prefill can gain from the adaptation, so the floor of its TTFT."""
+pdcluster's (pdcluster/plugins/cpu_attention/ops.extend) at a model's head shape, for the extends one benchmark prompt
+causes: each chunk of a cold prefill (SGLang's chunked-prefill size) and a hit's uncached tail. Times all layers (one
+layer's median x layers), the two alternating. What SGLang's costs beyond pdcluster's is the attention a cache or an
+earlier chunk already paid for: the most a prefill can gain from the adaptation, so the floor of its TTFT."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _inputs(prefix: int, new: int, heads: int, kv_heads: int, head_dim: int, gen
 def measure(dims: dict, tokens: int, chunk: int, stored: int, runs: int = 3) -> dict:
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    from pdcluster.cpu_attention import internals, ops
+    from pdcluster.plugins.cpu_attention import internals, ops
 
     sglang_own, backend = internals.check()["extend"], object.__new__(TorchNativeAttnBackend)
     heads, kv_heads, head_dim, layers = dims["heads"], dims["kv_heads"], dims["head_dim"], dims["layers"]

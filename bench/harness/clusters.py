@@ -20,8 +20,9 @@ import yaml
 
 from bench.harness import procs
 from bench.harness.paths import REPO
-from pdcluster import models
-from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local import models
+from pdcluster.local.cluster import LocalCluster
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from pdcluster.worker import environment, plan
 from pdcluster.worker.registrar import forward_tokens
 

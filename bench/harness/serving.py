@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdcluster.models import DEMO
+from pdcluster.local.models import DEMO
 
 # What each run reports, from bench_serving's result record.
 METRICS = ("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",

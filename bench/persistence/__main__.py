@@ -13,7 +13,7 @@ prompt lengths:
            from the prefill's memory, the answer from the pages the decode wrote; the first turn's inter-token
            latencies (ITL) are the decode's.
 
-pdcluster/cpu_attention (cluster.cpu_attention) is the variable: two clusters run side by side, the same but for
+pdcluster/plugins/cpu_attention (cluster.cpu_attention) is the variable: two clusters run side by side, the same but for
 it (on in one, off in the other), and every measurement alternates between them (which goes first alternates too),
 with the same prompt, so each on/off pair is taken a few seconds apart on the same machine load. In this process, at
 the end: the attention alone (bench/cpu_attention/extend.py), SGLang's and pdcluster's, for the longest prompt's

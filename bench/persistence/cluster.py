@@ -16,7 +16,8 @@ import yaml
 
 from bench.harness import cpu
 from bench.harness.paths import REPO
-from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local.cluster import LocalCluster
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 
 WORK = Path("/tmp/pdcluster-bench-persistence")
 SERVED = "persistence-bench"

@@ -33,7 +33,7 @@ from bench.harness.machine import machine
 from bench.harness.paths import REPO, RESULTS
 from bench.harness.plot import pyplot, save
 from bench.routing.report import WORDS
-from pdcluster.protocol import KVEventsEndpoint, ModelIdentity, Role
+from pdcluster.common.protocol import KVEventsEndpoint, ModelIdentity, Role
 from router.checks.validation import check_chat, check_generate
 from router.fleet.workers import Worker, WorkerPool
 from router.kv_routing.cache_aware import CacheAware

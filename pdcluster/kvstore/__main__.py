@@ -1,3 +1,5 @@
+"""`python -m pdcluster.kvstore` (list, clear, launch): cli.py's commands."""
+
 import sys
 
 from pdcluster.kvstore.cli import main

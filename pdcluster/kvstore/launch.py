@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pdcluster.config_file import ConfigError
+from pdcluster.common.config_file import ConfigError
+from pdcluster.common.sglang_args import sglang_parser
 from pdcluster.kvstore import namespace
 from pdcluster.kvstore.fingerprint import DigestCache, fingerprint, kv_identity, weights_identity
 from pdcluster.kvstore.page_seal import SecretError, load_secret
@@ -33,8 +34,6 @@ class LaunchError(Exception):
 
 def prepare(base: Path, sglang_argv: list[str], orphan_tmp_age: float) -> tuple[dict[str, str], list[str], int, str]:
     """(environment additions, extra SGLang arguments, lock descriptor, a line saying what was done)."""
-    from pdcluster.worker.options import sglang_parser
-
     ns = sglang_parser().parse_args(sglang_argv)
     base.mkdir(parents=True, exist_ok=True)
     weights, pin = resolve_weights(ns.model_path, ns.revision, DigestCache(base / namespace.DIGEST_CACHE))

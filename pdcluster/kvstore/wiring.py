@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pdcluster.config_file import ConfigError
+from pdcluster.common.config_file import ConfigError
 from pdcluster.kvstore.page_seal import SecretError, load_secret
 
 BACKEND = "dynamic"

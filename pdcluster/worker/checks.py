@@ -11,9 +11,9 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from pdcluster.config_file import ConfigError
+from pdcluster.common.config_file import ConfigError
+from pdcluster.common.protocol import WorkerCapabilities
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import WorkerCapabilities
 from pdcluster.worker.settings import ClusterSettings
 
 # Hugging Face hub ids look like "org/name"; anything else is taken as a local path.
@@ -115,8 +115,8 @@ def check_cpus(cluster: ClusterSettings) -> list[int]:
 
 
 def capabilities(ns: argparse.Namespace, cpu: bool) -> WorkerCapabilities:
-    """What the worker registers that requests may depend on (pdcluster/protocol.py), from SGLang's final options;
-    ConfigError for what SGLang would only decide, or refuse, once it runs."""
+    """What the worker registers that requests may depend on (pdcluster/common/protocol.py), from SGLang's final
+    options; ConfigError for what SGLang would only decide, or refuse, once it runs."""
     for option in ("tool_call_parser", "reasoning_parser"):
         if getattr(ns, option) == "auto":
             raise ConfigError(f"{option.replace('_', '-')} auto: name the parser (SGLang resolves auto only once it "

@@ -12,8 +12,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from pdcluster.config_file import ConfigError
-from pdcluster.logs import setup_logging
+from pdcluster.common.config_file import ConfigError
+from pdcluster.common.logs import setup_logging
 
 if TYPE_CHECKING:
     from pdcluster.worker.plan import LaunchPlan, RoleRules

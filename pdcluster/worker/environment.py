@@ -18,11 +18,12 @@ from pathlib import Path
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
 
 # Package data (pyproject.toml), so it is there in an installed wheel as in a checkout.
-CPU_SHIM_DIR = Path(__file__).resolve().parent.parent / "cpu_shim"
+CPU_SHIM_DIR = Path(__file__).resolve().parent.parent / "plugins" / "cpu_shim"
 # The CPU profile's environment for both roles (each role adds its own CPU_ENV); its SGLang options are plan.py's
 # CPU_FLAGS.
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
-CPU_ATTENTION_ENV = "PDCLUSTER_CPU_ATTENTION"  # cluster.cpu_attention, read by pdcluster/cpu_attention in SGLang
+# cluster.cpu_attention, read by pdcluster/plugins/cpu_attention in SGLang
+CPU_ATTENTION_ENV = "PDCLUSTER_CPU_ATTENTION"
 THREADS_ENV = "OMP_NUM_THREADS"  # cluster.cpus: torch's intra-op threads, one per core the worker is given
 # A CPU worker not given cores of its own shares them with the host's other workers (`make up`, compose's CPU profile:
 # a prefill and a decode on the same cores). torch's OpenMP threads then spin at every barrier on cores the other
@@ -33,9 +34,9 @@ SETTING_DECIDES = ("PYTHONPATH", CPU_ATTENTION_ENV, THREADS_ENV)
 # SGLang's /health waits for any output of the scheduler and, after 20 s without one, answers 503 and marks the
 # server unhealthy (which also makes a later SIGTERM skip the drain). One long forward pass (a long prompt on a CPU)
 # is silent for that long: judging a busy scheduler is the router's liveness's job (router/fleet/liveness.py), so
-# SGLang's
-# own limit is set far above any probe's timeout.
-# PDCLUSTER_THREAD_GUARD: a worker whose KV-transfer thread died ends instead of serving on (pdcluster/thread_guard.py).
+# SGLang's own limit is set far above any probe's timeout.
+# PDCLUSTER_THREAD_GUARD: a worker whose KV-transfer thread died ends instead of serving on
+# (pdcluster/plugins/thread_guard.py).
 # SGLANG_SANITIZE_NAN_LOGITS: a grammar that admits no token (`root ::= root`, or a dead end after some tokens) masks
 # every logit to -inf; sampled (not greedy), its probabilities are NaN and torch.multinomial raises in the scheduler,
 # which kills the worker. Sanitized, the masked logits are -1e30: the sampled token is refused by the grammar and SGLang
@@ -82,14 +83,14 @@ def _cpu_env(cluster: ClusterSettings, role_cpu_env: dict[str, str], env: dict[s
     base = (env or os.environ).get("PYTHONPATH")
     added["PYTHONPATH"] = f"{CPU_SHIM_DIR}{os.pathsep}{base}" if base else str(CPU_SHIM_DIR)
     if cluster.kv_store is not None:
-        added["PDCLUSTER_CPU_HICACHE"] = "1"  # pdcluster/cpu_hicache (an SGLang plugin) adapts HiCache to CPU
-    # pdcluster/cpu_attention (an SGLang plugin): extend attention of the new tokens only, batched decode
+        added["PDCLUSTER_CPU_HICACHE"] = "1"  # pdcluster/plugins/cpu_hicache adapts HiCache to CPU
+    # pdcluster/plugins/cpu_attention: extend attention of the new tokens only, batched decode
     added[CPU_ATTENTION_ENV] = "1" if cluster.cpu_attention else "0"
-    # pdcluster/cpu_transfer_race (an SGLang plugin): the prefill's transfer loop survives SGLang's clean-up race
+    # pdcluster/plugins/cpu_transfer_race: the prefill's transfer loop survives SGLang's clean-up race
     added["PDCLUSTER_CPU_TRANSFER_RACE"] = "1"
-    # pdcluster/cpu_fork (an SGLang plugin): SGLang's processes forked, not spawned (no second import of SGLang)
+    # pdcluster/plugins/cpu_fork: SGLang's processes forked, not spawned (no second import of SGLang)
     added["PDCLUSTER_CPU_FORK"] = "1"
-    # pdcluster/cpu_idle_yield (an SGLang plugin): a scheduler waiting on a hand-off leaves the cores to the other's
+    # pdcluster/plugins/cpu_idle_yield: a scheduler waiting on a hand-off leaves the cores to the other's
     added["PDCLUSTER_CPU_IDLE_YIELD"] = "1"
     return added
 

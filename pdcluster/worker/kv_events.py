@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from pdcluster.config_file import ConfigError
-from pdcluster.protocol import BOOTSTRAP_SERVICE_PORT, KVEventsEndpoint
+from pdcluster.common.config_file import ConfigError
+from pdcluster.common.protocol import BOOTSTRAP_SERVICE_PORT, KVEventsEndpoint
 from pdcluster.worker import checks
 from pdcluster.worker.options import SGLangOptions
 from pdcluster.worker.settings import ClusterSettings

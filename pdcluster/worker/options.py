@@ -1,4 +1,5 @@
-"""SGLang options from a worker's config file and command line, validated by SGLang's own argument parser.
+"""SGLang options from a worker's config file and command line, validated by SGLang's own argument parser
+(pdcluster/common/sglang_args.py).
 
 The YAML uses the keys `sglang.launch_server --config` accepts (long flag names without `--`), so every SGLang option
 works unchanged. Options are kept as argv tokens grouped by destination: a later source (command line over file over
@@ -13,20 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdcluster.config_file import ConfigError
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would print usage and exit; we want one line from the CLI.
-        raise ConfigError(message)
-
-
-def sglang_parser() -> argparse.ArgumentParser:
-    from sglang.srt.server_args import ServerArgs  # heavy import: only when a worker is really configured
-
-    parser = _RaisingParser(prog="sglang", add_help=False)
-    ServerArgs.add_cli_args(parser)
-    return parser
+from pdcluster.common.config_file import ConfigError
 
 
 @dataclass

@@ -1,33 +1,34 @@
 """Decide, from a worker config, exactly how SGLang is started: its argv, its environment, what gets registered.
 
-`build_plan` takes the same steps for both roles, with what they share: the CPU profile, the kv_store wiring, the
-environment (environment.py) and the checks of checks.py. What one role adds (its part of the CPU profile, its kv_store
-options and checks, its KV bootstrap server) is in its own folder, prefill/plan.py or decode/plan.py: a `RoleRules`,
-which the role's entry point passes in. This module never imports its users, so `pdcluster` stands on its own. Order of
-precedence for every SGLang option: command line > config file > the defaults applied here and by the role.
+`build_plan` takes the same steps for both roles, with what they share: the cluster: section (settings.py), the CPU
+profile, the kv_store wiring, the environment (environment.py), the checks of checks.py and the registration
+(registration.py). What one role adds (its part of the CPU profile, its kv_store options and checks, its KV bootstrap
+server) is in its own folder, prefill/plan.py or decode/plan.py: a `RoleRules`, which the role's entry point passes in.
+This module never imports its users, so `pdcluster` stands on its own. Order of precedence for every SGLang option:
+command line > config file > the defaults applied here and by the role.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
-from pdcluster.config_file import ConfigError, load_yaml, validation_message
+from pdcluster.common.config_file import ConfigError, load_yaml
+from pdcluster.common.protocol import Role, WorkerRegistration
+from pdcluster.common.sglang_args import sglang_parser
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration
 from pdcluster.worker import checks, environment, tracing
 from pdcluster.worker.kv_events import plan_kv_events
-from pdcluster.worker.options import SGLangOptions, sglang_parser
-from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
+from pdcluster.worker.options import SGLangOptions
+from pdcluster.worker.registration import build_registration
+from pdcluster.worker.settings import ClusterSettings, KVStoreSettings, cluster_settings
 
 
 class RoleRules(Protocol):
@@ -80,8 +81,8 @@ TASKSET = "taskset"  # util-linux: on every Linux host and in the images
 # cluster.kv_store: SGLang HiCache with its file storage, set so that KV really persists (pdcluster/kvstore/). What
 # each role sets for it is its KV_STORE_FLAGS; what both share is here.
 KV_PAGE_SIZE = 64  # 64 tokens per file; the decode must use the prefill's page size anyway
-# CPU: only the direct io backend exists (pdcluster/cpu_hicache adapts it). GPU: SGLang's kernel io backend with the
-# page_first layout its HiCache guide recommends for storage backends (a page is contiguous across layers).
+# CPU: only the direct io backend exists (pdcluster/plugins/cpu_hicache adapts it). GPU: SGLang's kernel io backend with
+# the page_first layout its HiCache guide recommends for storage backends (a page is contiguous across layers).
 # CPU, reading stored pages: SGLang's default prefetch policy (best_effort) lets a request start as soon as it can,
 # with whatever pages have landed, and they land in batches of up to 128 (8192 tokens at page size 64): a long
 # prompt read from a cold disk and checked page by page came too late and was recomputed whole (bench/README.md, KV
@@ -134,7 +135,7 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
                cluster_overrides: dict[str, str | None] | None = None) -> LaunchPlan:
     role = rules.ROLE
     raw = load_yaml(config_path) if config_path else {}
-    cluster = _cluster_settings(raw.pop("cluster", None) or {}, cluster_overrides)
+    cluster = cluster_settings(raw.pop("cluster", None) or {}, cluster_overrides)
     options = _role_options(rules, raw, overrides)
     cpu = cluster.device == "cpu" or (cluster.device == "auto" and not cuda_available())
     _set_defaults(rules, options, cpu, cluster.kv_store)
@@ -149,7 +150,7 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
                                                   rules.CPU_ENV if cpu else None, env)
     final_env.update(traced_env)  # SGLang reads the protocol from this variable only: the setting decides it
     env_added.update(traced_env)
-    registration = _registration(role, cluster, ns, advertise, kv_bootstrap_port, checks.capabilities(ns, cpu))
+    registration = build_registration(role, cluster, ns, advertise, kv_bootstrap_port, checks.capabilities(ns, cpu))
     registration.kv_events = kv_events
     return LaunchPlan(role, _command(role, options, stored, cores), final_env, env_added, cluster, registration, cpu)
 
@@ -197,28 +198,6 @@ def _check_final(rules: RoleRules, ns: argparse.Namespace, cpu: bool,
     return stored
 
 
-def _registration(role: Role, cluster: ClusterSettings, ns: argparse.Namespace, advertise: str,
-                  kv_bootstrap_port: int | None, capabilities: WorkerCapabilities) -> WorkerRegistration:
-    """What the bootstrap service is told about this worker."""
-    return WorkerRegistration(
-        worker_id=cluster.worker_id or f"{role.value}-{advertise}-{ns.port}",
-        role=role,
-        url=f"http://{advertise}:{ns.port}",
-        identity=ModelIdentity(
-            model_path=ns.model_path,
-            served_model_name=ns.served_model_name or ns.model_path,
-            page_size=ns.page_size or 1,
-            kv_cache_dtype=ns.kv_cache_dtype,
-            transfer_backend=ns.disaggregation_transfer_backend,
-        ),
-        bootstrap_host=advertise if kv_bootstrap_port is not None else None,
-        bootstrap_port=kv_bootstrap_port,
-        **_model_limits(ns.model_path, ns.context_length),
-        instance_id=uuid.uuid4().hex,
-        capabilities=capabilities,
-    )
-
-
 def _command(role: Role, options: SGLangOptions, stored: KVStoreSettings | None, cores: list[int]) -> list[str]:
     """SGLang's command line, inside the kv_store launcher and taskset when they apply."""
     command = [sys.executable, "-m", "sglang.launch_server", *options.argv()]
@@ -232,29 +211,6 @@ def _command(role: Role, options: SGLangOptions, stored: KVStoreSettings | None,
     return command
 
 
-def _cluster_settings(section: object, overrides: dict[str, str | None] | None) -> ClusterSettings:
-    """The file's cluster: section with the --cluster overrides on top, validated."""
-    if isinstance(section, dict):
-        section = _merge_cluster(section, overrides)
-    try:
-        return ClusterSettings.model_validate(section)
-    except ValidationError as exc:
-        raise ConfigError(validation_message(exc, section="cluster")) from None
-
-
-def _merge_cluster(section: dict, overrides: dict[str, str | None] | None) -> dict:
-    """`kv_store.max_size=10GiB` sets one key of a subsection."""
-    merged = dict(section)
-    for key, value in (overrides or {}).items():
-        head, dot, rest = key.partition(".")
-        if dot:
-            sub = merged.get(head)
-            merged[head] = {**({"dir": sub} if isinstance(sub, str) else sub or {}), rest: value}
-        else:
-            merged[key] = value
-    return merged
-
-
 def _wire_sealed_storage(options: SGLangOptions, kv: KVStoreSettings) -> None:
     """Where the role stores KV, SGLang loads pdcluster's sealed storage (pdcluster/kvstore/wiring.py), and serves
     /metrics, where that storage's rejections and failed writes are counted."""
@@ -264,21 +220,3 @@ def _wire_sealed_storage(options: SGLangOptions, kv: KVStoreSettings) -> None:
     configured = options.tokens.get(wiring.EXTRA_CONFIG, [None, None])[1]
     options.set_value("hicache-storage-backend-extra-config", wiring.extra_config(configured, kv.secret_file))
     options.set_default("enable-metrics", True)
-
-
-def _model_limits(model_path: str, context_length: int | None) -> dict[str, int | None]:
-    """vocab_size and context_length from a local model folder's config.json (None when unknown)."""
-    try:
-        config = json.loads((Path(model_path).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
-    config = config if isinstance(config, dict) else {}
-    text = config.get("text_config")
-    text = text if isinstance(text, dict) else {}
-
-    def pick(key: str) -> int | None:
-        value = config.get(key, text.get(key))
-        return value if isinstance(value, int) and value > 0 else None
-
-    return {"vocab_size": pick("vocab_size"), "context_length": context_length or pick("max_position_embeddings")}
-

@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from pdcluster import otel
+from pdcluster.common import otel
+from pdcluster.common.protocol import KVStoreMembership, Role
 from pdcluster.kvstore.secret_proof import MEMBERSHIP_ENV
-from pdcluster.protocol import KVStoreMembership, Role
 from pdcluster.worker.plan import LaunchPlan
 
 log = logging.getLogger("pdcluster.worker")

@@ -1,13 +1,14 @@
-"""The `cluster:` section of a worker config: this project's own settings, next to SGLang's options."""
+"""The `cluster:` section of a worker config: this project's own settings, next to SGLang's options, and how it is
+read (the file's section with the command line's --cluster overrides on top)."""
 
 from __future__ import annotations
 
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pdcluster.config_file import secret_or_env
+from pdcluster.common.config_file import ConfigError, secret_or_env, validation_message
 
 DEFAULT_GRACE_SECONDS = 60.0
 
@@ -85,8 +86,8 @@ class ClusterSettings(BaseModel):
     kv_events_port_base: int | None = Field(default=5557, ge=1024, le=65000)
     # KV cache that survives restarts (prefill; decode with decode_offload); null: off. See KVStoreSettings.
     kv_store: KVStoreSettings | None = None
-    # CPU profile only: extend attention that computes only the new tokens' queries (pdcluster/cpu_attention), so a
-    # cache hit or a prefill chunk does not pay the cached tokens' attention again, and decode attention batched in
+    # CPU profile only: extend attention that computes only the new tokens' queries (pdcluster/plugins/cpu_attention),
+    # so a cache hit or a prefill chunk does not pay the cached tokens' attention again, and decode attention batched in
     # one call per layer. false: SGLang's own.
     cpu_attention: bool = True
     # The cores SGLang's whole process tree (scheduler, tokenizer, detokenizer, Mooncake's threads) may run on, as
@@ -127,3 +128,26 @@ class ClusterSettings(BaseModel):
 
     def resolved_token(self) -> str | None:
         return secret_or_env(self.token, "PDCLUSTER_TOKEN")
+
+
+def cluster_settings(section: object, overrides: dict[str, str | None] | None) -> ClusterSettings:
+    """The file's cluster: section with the --cluster overrides on top, validated."""
+    if isinstance(section, dict):
+        section = _merge_overrides(section, overrides)
+    try:
+        return ClusterSettings.model_validate(section)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, section="cluster")) from None
+
+
+def _merge_overrides(section: dict, overrides: dict[str, str | None] | None) -> dict:
+    """`kv_store.max_size=10GiB` sets one key of a subsection."""
+    merged = dict(section)
+    for key, value in (overrides or {}).items():
+        head, dot, rest = key.partition(".")
+        if dot:
+            sub = merged.get(head)
+            merged[head] = {**({"dir": sub} if isinstance(sub, str) else sub or {}), rest: value}
+        else:
+            merged[key] = value
+    return merged

@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from pdcluster.children import die_with_parent, exit_status
+from pdcluster.common.children import die_with_parent, exit_status
 
 # What a worker's grace period keeps for itself after SGLang's drain: SGLang's own teardown (it waits up to 5 s between
 # looks at its queue) and deregistering from the bootstrap service.

@@ -1,5 +1,6 @@
 """cluster.tracing: SGLang's own OpenTelemetry spans (`--enable-trace`), sent where the router's go (the OTEL_*
-variables, read by pdcluster/otel.py), each worker's named after its role unless OTEL_SERVICE_NAME says otherwise.
+variables, read by pdcluster/common/otel.py), each worker's named after its role unless OTEL_SERVICE_NAME says
+otherwise.
 
 What SGLang 0.5.23 needs, read in its source (sglang/srt/observability/trace.py): the SDK and *both* OTLP exporters,
 imported together (one missing, and --enable-trace fails at start); the protocol from
@@ -13,8 +14,8 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping
 
-from pdcluster import otel
-from pdcluster.config_file import ConfigError
+from pdcluster.common import otel
+from pdcluster.common.config_file import ConfigError
 from pdcluster.worker.options import SGLangOptions
 
 NEEDED = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc", "opentelemetry.exporter.otlp.proto.http")

@@ -4,7 +4,7 @@ has one for each. router/checks/validation.py uses these for every route; each i
 
 from __future__ import annotations
 
-from pdcluster.http import ApiError
+from pdcluster.common.http import ApiError
 from router.checks.inventory.rules import MAX_BATCH
 
 

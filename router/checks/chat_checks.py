@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from pdcluster.http import ApiError
-from pdcluster.protocol import WorkerCapabilities
+from pdcluster.common.http import ApiError
+from pdcluster.common.protocol import WorkerCapabilities
 from router.checks.inventory.rules import MAX_GRAMMAR_BYTES, PairLimit, no_text_code_point
 
 TOOLS_PREAMBLE = 512  # bytes of the text a chat template puts around the tools it renders (how to call them)

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from pdcluster.config_file import field_path
-from pdcluster.http import ApiError
+from pdcluster.common.config_file import field_path
+from pdcluster.common.http import ApiError
 from router.checks.batches import id_prompts, one_per_item, text_batch
 from router.checks.chat_checks import (
     assistant_fields,

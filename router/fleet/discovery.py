@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from pdcluster.protocol import Role, WorkerCapabilities, WorkerListing, from_newer
+from pdcluster.common.protocol import Role, WorkerCapabilities, WorkerListing, from_newer
 from router.config import RouterConfig, StaticWorker
 from router.fleet.workers import Worker, WorkerPool
 

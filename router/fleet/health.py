@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from pdcluster import otel
+from pdcluster.common import otel
 from router.config import RouterConfig
 from router.fleet.liveness import Liveness, LivenessWatch
 from router.fleet.workers import BreakerState, Worker, WorkerPool, mark_failed

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from router.config import RouterConfig
 from router.fleet.workers import Worker, WorkerPool
 from router.transport.upstream import ConnectionDropped, UpstreamClient

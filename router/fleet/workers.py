@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
-from pdcluster.protocol import (
+from pdcluster.common.protocol import (
     KVEventsEndpoint,
     KVStoreMembership,
     ModelIdentity,
@@ -157,7 +157,7 @@ class Worker:
 
     @classmethod
     def from_registration(cls, reg: WorkerRegistration) -> Worker:
-        return cls(reg.worker_id, reg.role, reg.base_url, reg.bootstrap_host, reg.bootstrap_port, reg.identity,
+        return cls(reg.worker_id, reg.role, reg.base_url, reg.kv_bootstrap_host, reg.kv_bootstrap_port, reg.identity,
                    reg.vocab_size, reg.context_length, reg.prompt_budget, reg.forward_tokens,
                    instance_id=reg.instance_id, capabilities=reg.capabilities, kv_events=reg.kv_events,
                    kv_store=reg.kv_store)

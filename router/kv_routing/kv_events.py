@@ -25,7 +25,7 @@ import time
 import zmq
 import zmq.asyncio
 
-from pdcluster.protocol import KVEventsEndpoint, Role
+from pdcluster.common.protocol import KVEventsEndpoint, Role
 from router.fleet.workers import Worker, WorkerPool
 from router.kv_routing.cache_aware import CacheAware
 from router.kv_routing.kv_index import KvIndex

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from pdcluster.http import ApiError, error_body
+from pdcluster.common.http import ApiError, error_body
 from router.config import RouterConfig
 from router.fleet.workers import Worker
 from router.metrics import RouterMetrics

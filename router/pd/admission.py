@@ -24,7 +24,7 @@ import time
 
 import orjson
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from router.checks.validation import check_generate
 from router.fleet.workers import Admission, Worker, WorkerPool
 from router.pd.attempt import Attempt

@@ -19,7 +19,7 @@ from enum import Enum
 
 import orjson
 
-from pdcluster.http import error_body
+from pdcluster.common.http import error_body
 from router.config import RouterConfig
 from router.fleet.workers import Worker, mark_failed
 from router.metrics import RouterMetrics

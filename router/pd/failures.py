@@ -15,7 +15,7 @@ import re
 
 import orjson
 
-from pdcluster.http import error_body
+from pdcluster.common.http import error_body
 from router.fleet.workers import Worker
 from router.transport.edge import Answer, error_answer
 from router.transport.upstream_response import ConnectFailed, ReadTimeout, UpstreamError

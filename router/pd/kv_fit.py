@@ -5,8 +5,8 @@ answers the prefill's KV handshake, and SGLang 0.5.23 refuses only prompts longe
 reserve of the pool's size waits in the decode's queue for room that never comes, until the prefill's bootstrap
 timeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s by default), and then fails with a 500. A decode whose pool
 holds its whole context plus the reserve has no such gap. One with a smaller pool (started on a machine short of RAM,
-or a small --max-total-tokens) registers a `prompt_budget` (pdcluster/protocol.py), and pairing gives it only prompts
-within it; a prompt no candidate decode can hold is a 400 that names the limit.
+or a small --max-total-tokens) registers a `prompt_budget` (pdcluster/common/protocol.py), and pairing gives it only
+prompts within it; a prompt no candidate decode can hold is a 400 that names the limit.
 
 Prompts given as token ids are counted exactly. Text is bounded from above by its UTF-8 bytes
 (router/checks/validation.py's
@@ -26,7 +26,7 @@ import asyncio
 
 import orjson
 
-from pdcluster.http import ApiError
+from pdcluster.common.http import ApiError
 from router.checks.checked import Checked
 from router.fleet.workers import Worker
 from router.kv_routing.prompt_ids import CHAT_KEYS

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from pdcluster.http import ApiError
-from pdcluster.protocol import Role, WorkerCapabilities
+from pdcluster.common.http import ApiError
+from pdcluster.common.protocol import Role, WorkerCapabilities
 from router.checks.chat_checks import check_pair_has
 from router.checks.checked import Checked
 from router.checks.inventory.rules import PairLimit

@@ -215,7 +215,7 @@ def serve(reader: Connection, log_level: str, log_json: bool) -> None:
     """The exporter process: each batch from the router to the SDK's processor, until the router's end closes; then
     the processor sends what it holds (BatchSpanProcessor's shutdown). It logs as the router does (the exporter's
     complaints about its collector are the ones an operator looks for)."""
-    from pdcluster.logs import setup_logging
+    from pdcluster.common.logs import setup_logging
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the router, which closes the pipe
     setup_logging("router-exporter", log_level, json_lines=log_json)

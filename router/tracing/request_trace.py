@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, cast
 
 from opentelemetry.trace import SpanKind
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from router.pd.failures import HalfFailed
 from router.tracing.export import Span
 from router.tracing.sampling import SampledOut

@@ -1,5 +1,5 @@
 """The router's OpenTelemetry spans, off unless `tracing` (router/config.py) or PDCLUSTER_TRACING turns them on (where
-they go: pdcluster/otel.py). Off, nothing here runs: PdService holds None and nothing is made per request.
+they go: pdcluster/common/otel.py). Off, nothing here runs: PdService holds None and nothing is made per request.
 
 On, each PD request is a trace of its own or joins the client's (a W3C `traceparent` header):
   POST <route>   SERVER   the whole answer, a stream's too; its request id and status
@@ -34,7 +34,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from pdcluster import otel
+from pdcluster.common import otel
 from router.tracing import export as trace_export
 from router.tracing.export import Span, new_id
 from router.tracing.request_trace import (

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdcluster.http import error_parts, read_body
+from pdcluster.common.http import error_parts, read_body
 
 log = logging.getLogger("pdcluster.router")
 
@@ -66,7 +66,7 @@ class EdgeRequest:
         self.watch: asyncio.Future | None = None
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """The body's chunks as they come (what pdcluster.http.read_body reads, with its size limit)."""
+        """The body's chunks as they come (what pdcluster.common.http.read_body reads, with its size limit)."""
         more = True
         while more:
             message = await self._receive()

@@ -6,8 +6,9 @@ from __future__ import annotations
 import httpx
 import psutil
 
-from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
-from pdcluster.models import DEMO_ARGS
+from pdcluster.local.cluster import LocalCluster
+from pdcluster.local.models import DEMO_ARGS
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from tests.helpers import listing
 
 MAX_NEW = 32

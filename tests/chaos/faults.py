@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from bench.harness.procs import tree
-from pdcluster.local import LocalCluster
+from pdcluster.local.cluster import LocalCluster
 from tests.chaos.cluster import DETECT_LIMIT, HANG_SECONDS, LIMITS, all_serving, registered, sglang_main, worker_healthy
 from tests.chaos.load import Load
 from tests.chaos.probes import Probes

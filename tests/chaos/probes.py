@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from pdcluster.local import LocalCluster
+from pdcluster.local.cluster import LocalCluster
 from tests.chaos.load import Load
 from tests.helpers import worker_url
 

@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from pdcluster.local import LocalCluster
+from pdcluster.local.cluster import LocalCluster
 from tests.chaos.cluster import ALL_FAULTS, DEADLINE, SIZES, all_serving, chaos_spec, registered
 from tests.chaos.faults import Chaos, clean_iptables
 from tests.chaos.load import Load, build_prompts

@@ -1,5 +1,5 @@
 """One real cluster for the whole end-to-end run: bootstrap service, 2 SGLang prefills, 2 decodes, router, on the
-demo model (configs/prefill.yaml and decode.yaml with pdcluster.models.DEMO_ARGS: milliseconds per request).
+demo model (configs/prefill.yaml and decode.yaml with pdcluster.local.models.DEMO_ARGS: milliseconds per request).
 
 It starts through pdcluster.local, the same launcher as `make up`, on ports of its own. If it cannot start, every
 end-to-end test errors (never skips): CI must not go green on a cluster that does not run. Every component traces,
@@ -21,8 +21,9 @@ import psutil
 import pytest
 
 from bench.harness.otlp_receiver import Receiver
-from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec, hold_pid
-from pdcluster.models import DEMO_ARGS
+from pdcluster.local.cluster import LocalCluster, hold_pid
+from pdcluster.local.models import DEMO_ARGS
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from tests.e2e.reference import ReferenceModel
 from tests.helpers import CLUSTER_POLL, start_cluster, until, worker_url
 

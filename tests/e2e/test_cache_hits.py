@@ -1,7 +1,7 @@
 """A prompt served again from a prefill's radix cache, alone or in a batch with prompts it has not seen, gets the tokens
-transformers computes without any cache. On CPU the prefill's extend attention is pdcluster's (pdcluster/cpu_attention,
-on by default): it computes only the tokens not cached, so these are its end-to-end exactness checks (GQA and chunked
-prefills: tests/e2e_persistence/test_e_cpu_attention.py)."""
+transformers computes without any cache. On CPU the prefill's extend attention is pdcluster's
+(pdcluster/plugins/cpu_attention, on by default): it computes only the tokens not cached, so these are its end-to-end
+exactness checks (GQA and chunked prefills: tests/e2e_persistence/test_e_cpu_attention.py)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def warm_every_prefill(router, texts: list[str]) -> None:
 def test_the_prefills_run_pdclusters_cpu_attention(cluster):
     for name in ("prefill-0", "prefill-1"):
         log = cluster.processes[name].log_path.read_text(errors="replace")
-        assert ACTIVE in log, f"{name} ({worker_url(cluster, name)}) did not load pdcluster/cpu_attention"
+        assert ACTIVE in log, f"{name} ({worker_url(cluster, name)}) did not load pdcluster/plugins/cpu_attention"
 
 
 def test_a_repeated_prompt_is_a_cache_hit_with_the_same_tokens(router, reference):

@@ -17,7 +17,7 @@ import sys
 
 import httpx
 
-from pdcluster.models import DEMO_ARGS
+from pdcluster.local.models import DEMO_ARGS
 from tests.e2e.conftest import REPO
 from tests.e2e.load import Load
 from tests.helpers import CLUSTER_POLL, listing, serving, until, worker_id

@@ -48,7 +48,7 @@ def test_workers_register_what_they_serve(cluster):
     rows = {w["registration"]["worker_id"]: w for w in listing(cluster)}
     prefills = [w for w in rows.values() if w["registration"]["role"] == "prefill"]
     assert len(prefills) == 2 and len(rows) == 4
-    assert sorted(p["registration"]["bootstrap_port"] for p in prefills) == [19000, 19001]
+    assert sorted(p["registration"]["kv_bootstrap_port"] for p in prefills) == [19000, 19001]
     for row in rows.values():
         identity = row["registration"]["identity"]
         assert identity["served_model_name"] == "tiny-llama" and identity["transfer_backend"] == "mooncake_tcp"

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from pdcluster.models import DEMO_ARGS
+from pdcluster.local.models import DEMO_ARGS
 from tests.e2e.conftest import REPO
 from tests.e2e.prompts import prompt_of_about
 from tests.e2e.reference import assert_matches
@@ -22,7 +22,7 @@ from tests.helpers import CLUSTER_POLL, serving, until, worker_id
 
 POOL = 1536
 RESERVED = 512  # SGLang's num_reserved_decode_tokens
-BUDGET = POOL - RESERVED - 1  # page size 1; one page of margin (pdcluster/protocol.py, prompt_budget)
+BUDGET = POOL - RESERVED - 1  # page size 1; one page of margin (pdcluster/common/protocol.py, prompt_budget)
 IN_THE_GAP = POOL - RESERVED + 1  # SGLang accepts it (< its max_req_input_len, 1530) and would never pre-allocate it
 
 

@@ -28,7 +28,8 @@ import psutil
 import pytest
 import yaml
 
-from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
+from pdcluster.local.cluster import LocalCluster
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from tests.e2e.conftest import demo_model, kill_tree, reference  # noqa: F401 - fixtures shared by import
 from tests.e2e.prompts import SENTENCES
 from tests.e2e.reference import Reference, ReferenceModel

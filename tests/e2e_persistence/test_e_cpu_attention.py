@@ -1,7 +1,7 @@
-"""pdcluster's CPU extend attention (pdcluster/cpu_attention, on by default in the CPU profile) on the cases where it
-computes only part of a sequence: a chunked prefill (every chunk after the first has a prefix), hits from memory and
-from disk, a batch mixing hits and misses, on a model whose query heads share KV heads (GQA). Tokens must equal
-transformers' without any cache.
+"""pdcluster's CPU extend attention (pdcluster/plugins/cpu_attention, on by default in the CPU profile) on the cases
+where it computes only part of a sequence: a chunked prefill (every chunk after the first has a prefix), hits from
+memory and from disk, a batch mixing hits and misses, on a model whose query heads share KV heads (GQA). Tokens must
+equal transformers' without any cache.
 
 The model is the demo model's shape with 2 KV heads for its 4 query heads; the prefill runs with a chunked-prefill
 size of 128 tokens (SGLang's default, 4096 on this machine, would never chunk a prompt the demo model takes): one
@@ -91,5 +91,5 @@ def test_a_batch_mixing_hits_and_misses(pc, reference, gqa):
 
 def test_every_extend_went_through_pdclusters_attention(pc, gqa):
     log = pc.log("prefill-0").read_bytes()[gqa:].decode(errors="replace")
-    assert "pdcluster cpu_attention active" in log, "the restarted prefill did not load pdcluster/cpu_attention"
+    assert "pdcluster cpu_attention active" in log, "the restarted prefill did not load pdcluster/plugins/cpu_attention"
     assert "SGLang's own extend attention for" not in log, "an extend of these tests went to SGLang's own attention"

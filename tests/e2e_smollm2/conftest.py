@@ -16,8 +16,9 @@ import httpx
 import psutil
 import pytest
 
-from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, WorkerGroupSpec
-from pdcluster.models import SMOLLM2
+from pdcluster.local.cluster import LocalCluster
+from pdcluster.local.models import SMOLLM2
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from tests.e2e.reference import ReferenceModel
 from tests.helpers import start_cluster, until
 
@@ -25,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / SMOLLM2
 BOOTSTRAP_PORT, ROUTER_PORT, PREFILL_PORT, KV_BOOTSTRAP_PORT, DECODE_PORT = 25998, 25000, 25100, 25300, 25200
 # Two SmolLM2 HiCache workers: ~3 GiB each (weights, a 16384-token pool and its host copy), and SGLang's HiCache
-# wants 1 GiB free beyond its pool at each start (pdcluster/cpu_hicache).
+# wants 1 GiB free beyond its pool at each start (pdcluster/plugins/cpu_hicache).
 NEEDED_GIB = 8
 
 

@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from pdcluster.local_process import Process
+from pdcluster.local.process import Process
 from tests.e2e_smollm2.conftest import BOOTSTRAP_PORT, healthy_workers
 from tests.e2e_smollm2.traffic import long_prompt, stream_story
 from tests.helpers import until

@@ -44,8 +44,8 @@ def system_prefix_ids(model: Path) -> list[int]:
 
 
 def files_a_streamed_chat_runs(model: Path) -> set[str]:
-    from pdcluster.config_file import load_yaml
-    from pdcluster.protocol import KVEventsEndpoint, ModelIdentity, Role
+    from pdcluster.common.config_file import load_yaml
+    from pdcluster.common.protocol import KVEventsEndpoint, ModelIdentity, Role
     from router.app import create_app
     from router.config import RouterConfig
     from router.fleet.workers import Worker, WorkerPool

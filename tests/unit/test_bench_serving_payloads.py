@@ -13,7 +13,7 @@ import sys
 import pytest
 from sglang.benchmark import serving
 
-from pdcluster.http import ApiError
+from pdcluster.common.http import ApiError
 from router.checks.validation import check_chat, check_completion, check_generate
 
 

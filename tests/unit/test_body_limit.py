@@ -2,7 +2,7 @@
 
 A client that sends its whole body before reading (urllib, curl without Expect, scripts) used to find its
 connection reset by our close with the body half-sent, and no 413 to read: the router and the bootstrap service now
-read and throw away a refused body up to LINGER_FACTOR times the limit (pdcluster/http.py), as nginx lingers."""
+read and throw away a refused body up to LINGER_FACTOR times the limit (pdcluster/common/http.py), as nginx lingers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from bootstrap.app import create_app as create_bootstrap
 from bootstrap.config import BootstrapConfig
-from pdcluster.http import LINGER_FACTOR
+from pdcluster.common.http import LINGER_FACTOR
 from tests.fakes import FakeWorker, ServerThread
 from tests.unit.test_router_trust import cluster
 

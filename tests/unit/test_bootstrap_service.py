@@ -19,7 +19,7 @@ def registration(worker_id: str, role: str = "decode", page_size: int = 1, **ext
                      "transfer_backend": "mooncake"},
     }
     if role == "prefill":
-        body |= {"bootstrap_host": "127.0.0.1", "bootstrap_port": 8999}
+        body |= {"kv_bootstrap_host": "127.0.0.1", "kv_bootstrap_port": 8999}
     return body | extra
 
 
@@ -67,8 +67,8 @@ def test_bad_payloads_get_400_naming_the_field():
         bad_role = c.put("/v1/workers/x", json=registration("x", role="encoder"))
         assert bad_role.status_code == 400 and bad_role.json()["error"]["param"] == "role"
         no_port = registration("p", role="prefill")
-        del no_port["bootstrap_port"]
-        assert "bootstrap_port" in c.put("/v1/workers/p", json=no_port).json()["error"]["message"]
+        del no_port["kv_bootstrap_port"]
+        assert "kv_bootstrap_port" in c.put("/v1/workers/p", json=no_port).json()["error"]["message"]
         assert c.put("/v1/workers/y", json=registration("x")).status_code == 400  # id mismatch
         assert c.put("/v1/workers/x", content=b"x" * 100_000).status_code == 413
 
@@ -124,6 +124,25 @@ def test_long_poll_answers_on_the_next_change():
         assert answer["at"] - changed < 10
         listing = answer["listing"]
         assert listing["version"] > version and len(listing["workers"]) == 1
+
+
+def test_an_older_launchers_former_field_names_are_read_and_the_listing_carries_both():
+    """kv_bootstrap_host and kv_bootstrap_port were bootstrap_host and bootstrap_port (WorkerRegistration.RENAMED): a
+    launcher from before the rename registers under the former names, and the listing has both, so that a router from
+    before it reads the listing too. Two names that disagree are a sender's bug: refused."""
+    older = registration("p1", role="prefill")
+    older |= {"bootstrap_host": older.pop("kv_bootstrap_host"), "bootstrap_port": older.pop("kv_bootstrap_port")}
+    with client() as c:
+        assert c.put("/v1/workers/p1", json=older).status_code == 200
+        listed = c.get("/v1/workers").json()["workers"][0]["registration"]
+        assert (listed["kv_bootstrap_host"], listed["kv_bootstrap_port"]) == ("127.0.0.1", 8999)
+        assert (listed["bootstrap_host"], listed["bootstrap_port"]) == ("127.0.0.1", 8999)
+        both = c.put("/v1/workers/p2", json=registration("p2", role="prefill", bootstrap_port=8999))
+        assert both.status_code == 200
+        disagreeing = c.put("/v1/workers/p3", json=registration("p3", role="prefill", bootstrap_port=9000))
+        assert disagreeing.status_code == 400
+        assert "bootstrap_port (the former name of kv_bootstrap_port) and kv_bootstrap_port differ" in \
+            disagreeing.json()["error"]["message"]
 
 
 def test_a_newer_launchers_registration_is_taken_for_what_this_service_knows(caplog):

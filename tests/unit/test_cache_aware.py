@@ -3,7 +3,7 @@ saves; blind (no events) it routes as round robin, and without token ids as the 
 
 from __future__ import annotations
 
-from pdcluster.protocol import ModelIdentity, Role
+from pdcluster.common.protocol import ModelIdentity, Role
 from router.checks.checked import Checked
 from router.fleet.workers import Worker, WorkerPool
 from router.kv_routing.cache_aware import CacheAware

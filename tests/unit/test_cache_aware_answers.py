@@ -11,7 +11,7 @@ from contextlib import ExitStack
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdcluster.protocol import KVEventsEndpoint, ModelIdentity, Role
+from pdcluster.common.protocol import KVEventsEndpoint, ModelIdentity, Role
 from router.app import create_app
 from router.checks.checked import Checked
 from router.config import RouterConfig

@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Callable
 from types import SimpleNamespace
 
-from pdcluster.protocol import ModelIdentity, Role
+from pdcluster.common.protocol import ModelIdentity, Role
 from router.checks.validation import check_generate
 from router.fleet.workers import Worker, WorkerPool
 from router.kv_routing.cache_aware import CacheAware

@@ -4,7 +4,7 @@ prefill keeps its store's credit; the same namespace on another disk is another 
 
 from __future__ import annotations
 
-from pdcluster.protocol import KVStoreMembership, Role, WorkerRegistration
+from pdcluster.common.protocol import KVStoreMembership, Role, WorkerRegistration
 from router.fleet.workers import Worker
 from router.kv_routing.cache_aware import CacheAware
 from router.kv_routing.kv_index import KvIndex

@@ -177,7 +177,7 @@ def test_a_template_that_wants_tools_flat_is_tried_again_with_them(tmp_path: Pat
 
 def test_cache_aware_routes_a_chat_by_its_ids():
     needs(SMOLLM2)
-    from pdcluster.protocol import ModelIdentity, Role
+    from pdcluster.common.protocol import ModelIdentity, Role
     from router.fleet.workers import Worker
     from router.kv_routing.cache_aware import CacheAware
     from router.kv_routing.kv_wire import Stored

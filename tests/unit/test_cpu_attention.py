@@ -1,4 +1,4 @@
-"""The CPU attention plugin (pdcluster/cpu_attention): its extend and decode ops against SGLang's own at random
+"""The CPU attention plugin (pdcluster/plugins/cpu_attention): its extend and decode ops against SGLang's own at random
 shapes, prefix and sequence lengths and page sizes, SGLang's backend running through them, what they leave to SGLang,
 its gating, and its refusal when an internal it relies on has changed."""
 
@@ -8,8 +8,8 @@ import types
 import pytest
 import torch
 
-import pdcluster.cpu_attention as plugin
-from pdcluster.cpu_attention import internals, ops
+import pdcluster.plugins.cpu_attention as plugin
+from pdcluster.plugins.cpu_attention import internals, ops
 from tests.helpers import assert_plugin_refuses
 
 SEEDS = range(24)

@@ -1,5 +1,6 @@
-"""pdcluster/cpu_fork: on a CPU, SGLang's scheduler and detokenizer are forked from the launcher (no second import of
-SGLang per child); the plugin wraps exactly the SGLang function that forces `spawn`, and refuses a changed one."""
+"""pdcluster/plugins/cpu_fork: on a CPU, SGLang's scheduler and detokenizer are forked from the launcher (no second
+import of SGLang per child); the plugin wraps exactly the SGLang function that forces `spawn`, and refuses a changed
+one."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from pdcluster import sglang_plugin
-from pdcluster.cpu_fork import internals
+from pdcluster.plugins import sglang_plugin
+from pdcluster.plugins.cpu_fork import internals
 from pdcluster.worker.environment import _cpu_env
 
 
@@ -51,13 +52,13 @@ def test_a_changed_function_stops_the_worker_naming_it(monkeypatch):
 def test_the_launcher_turns_it_on_for_cpu_workers_and_sglang_finds_it():
     assert _cpu_env(_settings(), {}, {})["PDCLUSTER_CPU_FORK"] == "1"
     names = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
-    assert names.get("pdcluster_cpu_fork") == "pdcluster.cpu_fork:register"
+    assert names.get("pdcluster_cpu_fork") == "pdcluster.plugins.cpu_fork:register"
 
 
 def test_off_without_its_variable_sglang_keeps_spawn(monkeypatch):
     from sglang.srt.entrypoints import engine
 
-    from pdcluster.cpu_fork import register
+    from pdcluster.plugins.cpu_fork import register
 
     monkeypatch.setattr(engine, "_set_envs_and_config", engine._set_envs_and_config)
     monkeypatch.delenv("PDCLUSTER_CPU_FORK", raising=False)

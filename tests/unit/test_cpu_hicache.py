@@ -1,5 +1,5 @@
-"""The CPU HiCache plugin (pdcluster/cpu_hicache): its torch transfer ops against a plain reference, its gating, its
-refusal when an SGLang internal it adapts has changed, and SGLang's own host pool moving KV through it."""
+"""The CPU HiCache plugin (pdcluster/plugins/cpu_hicache): its torch transfer ops against a plain reference, its gating,
+its refusal when an SGLang internal it adapts has changed, and SGLang's own host pool moving KV through it."""
 
 import ast
 import importlib.util
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import pdcluster.cpu_hicache as plugin
-from pdcluster.cpu_hicache import internals, ops
+import pdcluster.plugins.cpu_hicache as plugin
+from pdcluster.plugins.cpu_hicache import internals, ops
 from tests.helpers import assert_plugin_refuses
 
 PAGE_SIZES = [1, 2, 16, 64]

@@ -1,4 +1,4 @@
-"""pdcluster/cpu_idle_yield: on a CPU, a PD scheduler with only hand-offs pending waits on its idle poller for a
+"""pdcluster/plugins/cpu_idle_yield: on a CPU, a PD scheduler with only hand-offs pending waits on its idle poller for a
 millisecond instead of spinning a core; a fully idle one is left to SGLang's own sleep; the plugin wraps exactly the
 SGLang methods it was written for, once, and refuses changed ones."""
 
@@ -8,8 +8,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from pdcluster import sglang_plugin
-from pdcluster.cpu_idle_yield import internals
+from pdcluster.plugins import sglang_plugin
+from pdcluster.plugins.cpu_idle_yield import internals
 from pdcluster.worker.environment import _cpu_env
 
 
@@ -87,13 +87,13 @@ def test_the_launcher_turns_it_on_for_cpu_workers_and_sglang_finds_it():
 
     assert _cpu_env(ClusterSettings(), {}, {})["PDCLUSTER_CPU_IDLE_YIELD"] == "1"
     names = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
-    assert names.get("pdcluster_cpu_idle_yield") == "pdcluster.cpu_idle_yield:register"
+    assert names.get("pdcluster_cpu_idle_yield") == "pdcluster.plugins.cpu_idle_yield:register"
 
 
 def test_off_without_its_variable(monkeypatch):
     from sglang.srt.managers.scheduler import Scheduler as SGLangScheduler
 
-    from pdcluster.cpu_idle_yield import register
+    from pdcluster.plugins.cpu_idle_yield import register
 
     monkeypatch.setattr(SGLangScheduler, "on_idle", SGLangScheduler.on_idle)
     monkeypatch.delenv("PDCLUSTER_CPU_IDLE_YIELD", raising=False)

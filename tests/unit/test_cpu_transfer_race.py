@@ -1,12 +1,12 @@
-"""pdcluster/cpu_transfer_race: SGLang 0.5.23's transfer loop ends on a KeyError when the scheduler clears a room
-between two of its reads; the plugin runs the loop again for exactly that, and for nothing else."""
+"""pdcluster/plugins/cpu_transfer_race: SGLang 0.5.23's transfer loop ends on a KeyError when the scheduler clears a
+room between two of its reads; the plugin runs the loop again for exactly that, and for nothing else."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdcluster import sglang_plugin
-from pdcluster.cpu_transfer_race import internals
+from pdcluster.plugins import sglang_plugin
+from pdcluster.plugins.cpu_transfer_race import internals
 
 
 class FakeManager:

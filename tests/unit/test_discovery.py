@@ -29,7 +29,7 @@ def test_a_listing_from_a_newer_bootstrap_service_is_followed_for_what_this_rout
 
     from fastapi import FastAPI
 
-    from pdcluster.protocol import WorkerListing
+    from pdcluster.common.protocol import WorkerListing
     from router.config import RouterConfig
     from router.fleet.discovery import follow_registry
     from router.fleet.workers import WorkerPool

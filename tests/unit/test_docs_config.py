@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel
 
 from bootstrap.config import BootstrapConfig
-from pdcluster.local import LocalSpec, WorkerGroupSpec
+from pdcluster.local.spec import LocalSpec, WorkerGroupSpec
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
 from router.config import RouterConfig, StaticWorker, StoreConfig
 

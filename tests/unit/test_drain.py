@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from bootstrap.app import create_app as create_bootstrap
 from bootstrap.config import BootstrapConfig
 from bootstrap.status import format_table
-from pdcluster.protocol import WorkerListing
+from pdcluster.common.protocol import WorkerListing
 from router.app import create_app
 from router.config import RouterConfig
 from tests.fakes import Behaviour, FakeWorker, ServerThread

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from router.fleet.workers import Worker
 from router.pd.failures import DeadlinePassed, halves_to_abort, status_failure, transport_failure
 from router.transport.upstream import ConnectFailed, ConnectionDropped, ReadTimeout

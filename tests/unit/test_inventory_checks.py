@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdcluster.http import ApiError
+from pdcluster.common.http import ApiError
 from router.checks.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision
 from router.checks.validation import check_chat, check_completion, check_generate
 from router.pd.pairing import ModelLimits, check_for_pair

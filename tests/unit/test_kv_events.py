@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import zmq.asyncio
 
-from pdcluster.protocol import KVEventsEndpoint, KVStoreMembership, ModelIdentity, Role
+from pdcluster.common.protocol import KVEventsEndpoint, KVStoreMembership, ModelIdentity, Role
 from router.fleet.workers import Worker, WorkerPool
 from router.kv_routing.kv_events import Subscription, follow_kv_events
 from router.kv_routing.kv_index import KvIndex

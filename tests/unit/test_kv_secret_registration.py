@@ -14,9 +14,9 @@ import pytest
 
 import decode.plan
 import prefill.plan
+from pdcluster.common.protocol import Role, WorkerRegistration
 from pdcluster.kvstore import launch
 from pdcluster.kvstore.secret_proof import MEMBERSHIP_ENV, secret_proof
-from pdcluster.protocol import Role, WorkerRegistration
 from pdcluster.worker.plan import build_plan
 from pdcluster.worker.registrar import Registrar
 from tests.unit.test_bootstrap_kv_secret import NS, kv_worker

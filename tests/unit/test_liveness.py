@@ -4,7 +4,7 @@ on a fake clock. Through the whole router, with fake workers: test_liveness_rout
 
 from __future__ import annotations
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from router.config import RouterConfig
 from router.fleet.liveness import (
     DEFAULT_SECONDS_PER_TOKEN,

@@ -16,7 +16,7 @@ from contextlib import ExitStack, contextmanager
 import httpx
 from fastapi import FastAPI, Request, Response
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from router.app import create_app
 from router.config import RouterConfig
 from router.fleet.discovery import static_worker

@@ -1,11 +1,13 @@
-"""pdcluster.models: which model a worker serves when a config's is overridden (make up MODEL=..., the fast suites)."""
+"""pdcluster.local.models: which model a worker serves when a config's is overridden (make up MODEL=..., the fast
+suites)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pdcluster.local import LocalCluster, LocalSpec
-from pdcluster.models import DEMO_ARGS, model_args
+from pdcluster.local.cluster import LocalCluster
+from pdcluster.local.models import DEMO_ARGS, model_args
+from pdcluster.local.spec import LocalSpec
 
 
 def test_a_local_folder_is_served_under_its_name_and_a_hub_id_under_the_id(demo_model):

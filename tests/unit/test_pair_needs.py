@@ -9,8 +9,8 @@ from contextlib import ExitStack, contextmanager
 import httpx
 import pytest
 
-from pdcluster.http import ApiError
-from pdcluster.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration, WorkerStatus
+from pdcluster.common.http import ApiError
+from pdcluster.common.protocol import ModelIdentity, Role, WorkerCapabilities, WorkerRegistration, WorkerStatus
 from router.app import create_app
 from router.checks.inventory.rules import MAX_GRAMMAR_BYTES, PairLimit
 from router.checks.validation import check_chat, check_completion, check_generate
@@ -167,7 +167,7 @@ def test_discovered_workers_carry_what_they_registered():
         reg = WorkerRegistration(
             worker_id=f"{role.value}-1", role=role, url="http://127.0.0.1:1", instance_id="a",
             identity=ModelIdentity(model_path="m", served_model_name="m", page_size=1, kv_cache_dtype="auto",
-                                   transfer_backend="mooncake"), bootstrap_host="127.0.0.1", bootstrap_port=8999,
+                                   transfer_backend="mooncake"), kv_bootstrap_host="127.0.0.1", kv_bootstrap_port=8999,
             capabilities=capabilities)
         return WorkerStatus(registration=reg, healthy=True, registered_at=0, last_heartbeat=0)
 

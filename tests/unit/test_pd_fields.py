@@ -3,7 +3,7 @@ from itertools import pairwise
 import pytest
 from pydantic import ValidationError
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from router.config import RouterConfig
 from router.fleet.discovery import static_worker
 from router.fleet.workers import Worker

@@ -4,8 +4,8 @@ names only), and pairing: the stages before a policy's pick, and its hooks."""
 import pytest
 from pydantic import ValidationError
 
-from pdcluster.http import ApiError
-from pdcluster.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
+from pdcluster.common.http import ApiError
+from pdcluster.common.protocol import ModelIdentity, Role, WorkerRegistration, WorkerStatus
 from router.__main__ import main as router_main
 from router.checks.checked import Checked
 from router.config import RouterConfig

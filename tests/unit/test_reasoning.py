@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 import httpx
 import pytest
 
-from pdcluster.protocol import WorkerCapabilities
+from pdcluster.common.protocol import WorkerCapabilities
 from router.app import create_app
 from router.checks.validation import check_chat
 from router.config import RouterConfig

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from fastapi import FastAPI
 
-from pdcluster.protocol import WorkerRegistration
+from pdcluster.common.protocol import WorkerRegistration
 from pdcluster.worker.registrar import BUSY_CORES, Registrar, forward_tokens
 from tests.fakes import ServerThread, until
 

@@ -1,4 +1,4 @@
-"""The restart policy (pdcluster/restarts.py) and the local cluster's supervisor that applies it, with fake clocks
+"""The restart policy (pdcluster/local/restarts.py) and the local cluster's supervisor that applies it, with fake clocks
 and fake processes: no sleeping through backoffs, no SGLang."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pdcluster.local import ComponentSpec, LocalCluster, LocalSpec, Process, WorkerGroupSpec, hold_pid
-from pdcluster.restarts import Backoff, RestartPolicy
+from pdcluster.local.cluster import LocalCluster, hold_pid
+from pdcluster.local.process import Process
+from pdcluster.local.restarts import Backoff, RestartPolicy
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from tests.helpers import until
 
 

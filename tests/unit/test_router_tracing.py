@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pdcluster import otel
-from pdcluster.logs import JsonLineFormatter
+from pdcluster.common import otel
+from pdcluster.common.logs import JsonLineFormatter
 from router.config import RouterConfig
 from router.tracing import export as trace_export
 from router.tracing import otlp as trace_otlp

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from bench.harness.otlp_receiver import Receiver, Span
-from pdcluster import otel
+from pdcluster.common import otel
 from tests.fakes import Behaviour, FakeWorker
 from tests.helpers import free_port, until
 from tests.unit.test_router_pd import cluster

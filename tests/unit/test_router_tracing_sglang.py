@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.datastructures import Headers
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from router.config import RouterConfig, StaticWorker
 from router.fleet import health
 from router.fleet.discovery import static_worker

@@ -12,7 +12,7 @@ import orjson
 import psutil
 import pytest
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from router.app import create_app
 from router.config import RouterConfig
 from router.fleet.workers import CircuitBreaker, Worker, WorkerPool

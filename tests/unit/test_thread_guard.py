@@ -1,5 +1,5 @@
-"""pdcluster/thread_guard.py: an SGLang KV-transfer thread that dies ends the worker (no zombie that the router keeps
-pairing); any other thread's death, and a process without the variable, are left as SGLang has them."""
+"""pdcluster/plugins/thread_guard.py: an SGLang KV-transfer thread that dies ends the worker (no zombie that the router
+keeps pairing); any other thread's death, and a process without the variable, are left as SGLang has them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from pdcluster import thread_guard
+from pdcluster.plugins import thread_guard
 from pdcluster.worker.supervisor import Supervisor
 
 # What SGLang 0.5.23's transfer worker raised in CI: a room cleared by the scheduler thread between two lookups.
@@ -76,7 +76,7 @@ def test_the_guard_refuses_to_start_when_sglang_has_no_disaggregation_package(mo
 # SIGQUIT handler ends its tree, as SGLang's does), which starts a "scheduler" whose transfer thread dies.
 FAKE_SCHEDULER = textwrap.dedent(f"""
     import os, threading, time
-    from pdcluster import thread_guard
+    from pdcluster.plugins import thread_guard
     thread_guard.register()
     namespace = {{}}
     exec(compile({DYING_THREAD!r}, os.path.join(thread_guard.watched_dir(), "mooncake", "conn.py"), "exec"),

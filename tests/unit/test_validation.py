@@ -2,7 +2,7 @@
 
 import pytest
 
-from pdcluster.http import ApiError
+from pdcluster.common.http import ApiError
 from router.checks.checked import HINT_CHARS
 from router.checks.validation import check_chat, check_completion, check_generate, may_vanish
 from router.pd.pairing import ModelLimits, check_for_pair

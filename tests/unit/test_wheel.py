@@ -86,7 +86,7 @@ def installed(tmp_path_factory) -> Installed:
 
 def test_the_wheel_has_the_cpu_shim_inside_pdcluster_and_no_top_level_sgl_kernel(installed):
     names = zipfile.ZipFile(installed.wheel).namelist()
-    assert "pdcluster/cpu_shim/sgl_kernel/__init__.py" in names
+    assert "pdcluster/plugins/cpu_shim/sgl_kernel/__init__.py" in names
     assert not [n for n in names if n.startswith("sgl_kernel/")], "the stand-in must not shadow the real sgl_kernel"
     for package in ("router/checks/inventory/", "prefill/", "decode/", "bootstrap/"):
         assert any(n.startswith(package) for n in names), package
@@ -94,7 +94,7 @@ def test_the_wheel_has_the_cpu_shim_inside_pdcluster_and_no_top_level_sgl_kernel
 
 IMPORTS = r"""
 import json, sys
-import pdcluster.local, pdcluster.worker.cli, pdcluster.worker.plan, pdcluster.kvstore.cli
+import pdcluster.local.cluster, pdcluster.worker.cli, pdcluster.worker.plan, pdcluster.kvstore.cli
 launcher_imports_roles = sorted(m for m in ("prefill", "decode", "router", "bootstrap") if m in sys.modules)
 import bootstrap.app, decode.plan, prefill.plan, router.app, router.checks.inventory, router.pd.pairing
 print(json.dumps({"files": {m.__name__: m.__file__ for m in (pdcluster, bootstrap, decode, prefill, router,
@@ -137,7 +137,7 @@ def test_the_installed_prefill_puts_the_installed_cpu_shim_first_on_sglangs_path
     words = shlex.split(out.strip().splitlines()[-1])
     env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
     shim = Path(env["PYTHONPATH"].split(os.pathsep)[0])
-    assert shim == installed.site / "pdcluster" / "cpu_shim", env["PYTHONPATH"]
+    assert shim == installed.site / "pdcluster" / "plugins" / "cpu_shim", env["PYTHONPATH"]
     assert (shim / "sgl_kernel" / "__init__.py").is_file()
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     start = words.index("-m") - 1  # SGLang runs on the venv's interpreter, which finds the wheel's plugin too

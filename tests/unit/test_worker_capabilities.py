@@ -1,5 +1,5 @@
-"""What a worker registers that requests depend on (pdcluster/protocol.py's WorkerCapabilities): decided by its plan
-from SGLang's own options, refused at start where SGLang would only decide it (or refuse it) once running, carried
+"""What a worker registers that requests depend on (pdcluster/common/protocol.py's WorkerCapabilities): decided by its
+plan from SGLang's own options, refused at start where SGLang would only decide it (or refuse it) once running, carried
 through the bootstrap service to the router, and tolerant of peers of another version."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from bootstrap.app import create_app
 from bootstrap.config import BootstrapConfig
-from pdcluster.protocol import Role, WorkerCapabilities, WorkerListing, WorkerRegistration, from_newer
+from pdcluster.common.protocol import Role, WorkerCapabilities, WorkerListing, WorkerRegistration, from_newer
 from pdcluster.worker.options import ConfigError
 from tests.unit.test_bootstrap_service import registration
 from tests.unit.test_worker_plan import plan

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sglang.srt.disaggregation.kv_events import KVEventsConfig
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from pdcluster.worker.plan import LaunchPlan, build_plan
 from tests.unit.test_worker_plan import RULES, argv_value, plan, write_config
 

@@ -13,8 +13,8 @@ import pytest
 
 import decode.plan
 import prefill.plan
+from pdcluster.common.protocol import Role
 from pdcluster.kvstore import wiring
-from pdcluster.protocol import Role
 from pdcluster.worker.environment import CPU_SHIM_DIR
 from pdcluster.worker.options import ConfigError
 from pdcluster.worker.plan import build_plan
@@ -56,7 +56,7 @@ def test_prefill_cpu_profile(tmp_path, model_dir):
     assert int(argv_value(cmd, "--disaggregation-bootstrap-port")) != 8998
     assert p.env["SGLANG_USE_CPU_ENGINE"] == "1" and p.env["SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER"] == "1"
     assert p.env["PYTHONPATH"].split(":")[0] == str(CPU_SHIM_DIR)
-    assert p.registration.role is Role.PREFILL and p.registration.bootstrap_port is not None
+    assert p.registration.role is Role.PREFILL and p.registration.kv_bootstrap_port is not None
 
 
 def test_decode_cpu_profile_and_gpu_gets_none_of_it(tmp_path, model_dir):

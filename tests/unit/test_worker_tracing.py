@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdcluster.protocol import Role
+from pdcluster.common.protocol import Role
 from pdcluster.worker import tracing
 from pdcluster.worker.options import ConfigError
 from pdcluster.worker.plan import build_plan

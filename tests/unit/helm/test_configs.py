@@ -124,7 +124,8 @@ def test_worker_configs_pass_the_launchers_validation(rendered, variant, demo_mo
         assert plan.env_added["SGLANG_HOST_IP"] == POD_IP, "Mooncake and SGLang's ZMQ announce the pod's address"
         assert "--host 0.0.0.0" in plan.describe() and f"--port {port}" in plan.describe()
         if role == "prefill":
-            assert (registration.bootstrap_host, registration.bootstrap_port) == (POD_IP, ctr_port(ctr, "kv-bootstrap"))
+            kv_bootstrap = (registration.kv_bootstrap_host, registration.kv_bootstrap_port)
+            assert kv_bootstrap == (POD_IP, ctr_port(ctr, "kv-bootstrap"))
         assert plan.cpu is variant.startswith("cpu"), variant
         backend = registration.identity.transfer_backend
         assert backend == {"rdma": "mooncake"}.get(variant, "mooncake_tcp"), variant

@@ -15,8 +15,8 @@ import logging
 from types import ModuleType
 from typing import Any, NoReturn
 
-from pdcluster.cpu_attention import ops
-from pdcluster.sglang_plugin import fingerprint, import_module, refuse
+from pdcluster.plugins.cpu_attention import PLUGIN, ops
+from pdcluster.plugins.sglang_plugin import fingerprint, import_module
 
 BACKEND = "sglang.srt.layers.attention.torch_native_backend"
 CLASS = "TorchNativeAttnBackend"
@@ -39,8 +39,8 @@ logger = logging.getLogger(__name__)
 
 
 def _fail(what: str) -> NoReturn:
-    refuse("cpu_attention", "PDCLUSTER_CPU_ATTENTION", what, WRITTEN_FOR,
-           ", or turn it off (cluster.cpu_attention: false) to run SGLang's own CPU attention")
+    PLUGIN.refuse(what, WRITTEN_FOR,
+                  ", or turn it off (cluster.cpu_attention: false) to run SGLang's own CPU attention")
 
 
 def _module(name: str) -> ModuleType:

@@ -1,5 +1,5 @@
 """The one internal the fork plugin wraps, checked first: SGLang 0.5.23's `_set_envs_and_config` (by fingerprint, as
-pdcluster/cpu_transfer_race does), the function that forces `spawn` before SGLang starts its processes."""
+pdcluster/plugins/cpu_transfer_race does), the function that forces `spawn` before SGLang starts its processes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from pdcluster.sglang_plugin import fingerprint, import_module, refuse
+from pdcluster.plugins.cpu_fork import PLUGIN
+from pdcluster.plugins.sglang_plugin import fingerprint, import_module
 
 MODULE, FUNCTION = "sglang.srt.entrypoints.engine", "_set_envs_and_config"
 # sha256 of ast.dump of the function without its docstring, as SGLang 0.5.23 ships it.
@@ -17,7 +18,7 @@ WRITTEN_FOR = "0.5.23"
 
 
 def _fail(what: str) -> NoReturn:
-    refuse("cpu_fork", "PDCLUSTER_CPU_FORK", what, WRITTEN_FOR, ", or unset the variable (SGLang then spawns)")
+    PLUGIN.refuse(what, WRITTEN_FOR, ", or unset the variable (SGLang then spawns)")
 
 
 def forking(set_envs_and_config: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,11 +1,11 @@
 """What `python -m pdcluster.local` starts (configs/local.yaml): the components, their configs and ports. Validated at
-the edge (pydantic); pdcluster/local.py trusts it."""
+the edge (pydantic); pdcluster/local/cluster.py trusts it."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pdcluster.config_file import load_yaml
+from pdcluster.common.config_file import load_yaml
 
 
 class ComponentSpec(BaseModel):
@@ -19,7 +19,7 @@ class WorkerGroupSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     config: str
     # SGLang options over the config file's, for every worker of the group, as on the launcher's command line (e.g.
-    # pdcluster.models.model_args: another model)
+    # pdcluster.local.models.model_args: another model)
     args: list[str] = Field(default_factory=list)
     count: int = Field(default=1, ge=0)
     first_port: int = Field(ge=1024, le=65000)

@@ -9,7 +9,7 @@ import inspect
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from pdcluster.http import error_body
+from pdcluster.common.http import error_body
 
 UNPARSABLE = "the request is not valid HTTP/1.1: its request line or a header could not be parsed"
 
@@ -20,7 +20,7 @@ def _check_adapted() -> None:
     source = inspect.getsource(HttpToolsProtocol.data_received) if method else ""
     if method is None or list(inspect.signature(method).parameters) != ["self", "msg"] \
             or "self.send_400_response(" not in source:
-        raise RuntimeError("uvicorn's HttpToolsProtocol changed: pdcluster.http_server no longer adapts it")
+        raise RuntimeError("uvicorn's HttpToolsProtocol changed: pdcluster.common.http_server no longer adapts it")
 
 
 class JsonErrorHttpTools(HttpToolsProtocol):

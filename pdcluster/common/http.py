@@ -16,8 +16,8 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pdcluster.config_file import first_problem
-from pdcluster.protocol import ErrorBody, ErrorDetail, ErrorType
+from pdcluster.common.config_file import first_problem
+from pdcluster.common.protocol import ErrorBody, ErrorDetail, ErrorType
 
 _TYPE_BY_STATUS: dict[int, ErrorType] = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",

@@ -15,15 +15,7 @@ fingerprint of its code: SGLang changing it stops the worker at start, naming it
 
 from __future__ import annotations
 
-from pdcluster import sglang_plugin
+from pdcluster.plugins.sglang_plugin import CpuPlugin
 
-ENV_VAR = "PDCLUSTER_CPU_FORK"
-
-
-def register() -> None:
-    """The `sglang.srt.plugins` entry point."""
-    if not sglang_plugin.active(ENV_VAR, on_cuda="spawned processes"):
-        return
-    from pdcluster.cpu_fork import internals
-
-    sglang_plugin.apply("cpu_fork", internals.apply)
+PLUGIN = CpuPlugin("cpu_fork", "PDCLUSTER_CPU_FORK", on_cuda="spawned processes")
+ENV_VAR, register = PLUGIN.env_var, PLUGIN.register  # register: the entry point

@@ -1,6 +1,6 @@
 """When to restart a component that exited without being asked to: exponential backoff and crash-loop detection.
 
-Policy only, no processes and no sleeping: the local cluster (pdcluster/local.py) tells a `Backoff` when its
+Policy only, no processes and no sleeping: the local cluster (pdcluster/local/cluster.py) tells a `Backoff` when its
 component starts and exits, and the answer says how long to wait before starting it again. The clock is injected,
 so the whole policy is tested with a fake one (tests/unit/test_restarts.py).
 

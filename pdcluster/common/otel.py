@@ -1,7 +1,6 @@
 """Tracing's switch and where spans go, read from the standard OpenTelemetry variables, for the router
 (router/tracing/spans.py) and the worker launcher (pdcluster/worker/tracing.py) alike, so that one set of variables
-(compose,
-the chart, a shell) sends every component's spans to the same collector.
+(compose, the chart, a shell) sends every component's spans to the same collector.
 
 Each component turns tracing on with its own `tracing` setting; unset, PDCLUSTER_TRACING decides (so compose and the
 chart switch every component with one value). Read here, besides: OTEL_TRACES_EXPORTER (otlp, console, none),

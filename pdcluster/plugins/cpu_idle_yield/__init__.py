@@ -18,15 +18,7 @@ of their code: SGLang changing either stops the worker at start, naming it, rath
 
 from __future__ import annotations
 
-from pdcluster import sglang_plugin
+from pdcluster.plugins.sglang_plugin import CpuPlugin
 
-ENV_VAR = "PDCLUSTER_CPU_IDLE_YIELD"
-
-
-def register() -> None:
-    """The `sglang.srt.plugins` entry point."""
-    if not sglang_plugin.active(ENV_VAR, on_cuda="busy polling while a hand-off is pending"):
-        return
-    from pdcluster.cpu_idle_yield import internals
-
-    sglang_plugin.apply("cpu_idle_yield", internals.apply)
+PLUGIN = CpuPlugin("cpu_idle_yield", "PDCLUSTER_CPU_IDLE_YIELD", on_cuda="busy polling while a hand-off is pending")
+ENV_VAR, register = PLUGIN.env_var, PLUGIN.register  # register: the entry point

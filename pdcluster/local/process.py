@@ -1,5 +1,5 @@
-"""One component of the local cluster (pdcluster/local.py) as a child process: started, signalled, its log kept, and
-what its supervisor needs to restart it with backoff (pdcluster/restarts.py)."""
+"""One component of the local cluster (pdcluster/local/cluster.py) as a child process: started, signalled, its log kept,
+and what its supervisor needs to restart it with backoff (pdcluster/local/restarts.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdcluster.restarts import Backoff, RestartPolicy
+from pdcluster.local.restarts import Backoff, RestartPolicy
 
 # Signals that mean "stop": a process sent one through Process.signal was asked to go, and is not restarted.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGKILL, signal.SIGQUIT})

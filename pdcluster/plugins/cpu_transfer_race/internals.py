@@ -1,5 +1,5 @@
 """The one internal the transfer-race plugin wraps, checked first: SGLang 0.5.23's `MooncakeKVManager.transfer_worker`
-(its code by fingerprint, as pdcluster/cpu_attention does), and the wrapper itself."""
+(its code by fingerprint, as pdcluster/plugins/cpu_attention does), and the wrapper itself."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from pdcluster.sglang_plugin import fingerprint, import_module, refuse, sglang_version
+from pdcluster.plugins.cpu_transfer_race import PLUGIN
+from pdcluster.plugins.sglang_plugin import fingerprint, import_module, sglang_version
 
 MODULE, CLASS, METHOD = "sglang.srt.disaggregation.mooncake.conn", "MooncakeKVManager", "transfer_worker"
 # sha256 of ast.dump of the method without its docstring, as SGLang 0.5.23 ships it.
@@ -18,8 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 def _fail(what: str) -> NoReturn:
-    refuse("cpu_transfer_race", "PDCLUSTER_CPU_TRANSFER_RACE", what, WRITTEN_FOR,
-           " (the race may be fixed there), or unset the variable")
+    PLUGIN.refuse(what, WRITTEN_FOR, " (the race may be fixed there), or unset the variable")
 
 
 def raced_room(exc: BaseException, request_status: Any) -> int | None:

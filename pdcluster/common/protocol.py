@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import types
 from enum import Enum
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 BOOTSTRAP_SERVICE_PORT = 8998
 
@@ -25,6 +33,31 @@ class _Strict(BaseModel):
     # Unknown fields are refused by model_validate: a sender bug should be loud. A message from a newer peer (a
     # rolling upgrade) is read with `from_newer`, which drops and names them.
     model_config = ConfigDict(extra="forbid")
+    # Fields renamed, former name -> name. A message is read under either name (from a peer older than the rename)
+    # and written under both, so that an older peer, which knows only the former, reads it too (and drops the new
+    # name as a newer peer's field). The former name goes once no peer from before the rename is left.
+    RENAMED: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_former_names(cls, data: Any) -> Any:
+        if not cls.RENAMED or not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for former, name in cls.RENAMED.items():
+            if former in data:
+                value = data.pop(former)
+                if data.setdefault(name, value) != value:
+                    raise ValueError(f"{former} (the former name of {name}) and {name} differ")
+        return data
+
+    @model_serializer(mode="wrap")
+    def _write_former_names(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        for former, name in self.RENAMED.items():
+            if isinstance(data, dict) and name in data:
+                data[former] = data[name]
+        return data
 
 
 class ModelIdentity(_Strict):
@@ -84,9 +117,10 @@ class WorkerRegistration(_Strict):
     role: Role
     url: HttpUrl
     identity: ModelIdentity
-    # A prefill's SGLang KV bootstrap server: decode workers fetch transfer metadata from it.
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    # A prefill's SGLang KV bootstrap server: decode workers fetch transfer metadata from it. The names of the router
+    # config's static workers (router/config.py); an older launcher sends bootstrap_host and bootstrap_port (RENAMED).
+    kv_bootstrap_host: str | None = None
+    kv_bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     # From a local model folder's config.json (context_length: SGLang's --context-length when set); None: unknown.
     vocab_size: int | None = Field(default=None, ge=1)
     context_length: int | None = Field(default=None, ge=1)
@@ -104,12 +138,14 @@ class WorkerRegistration(_Strict):
     kv_store: KVStoreMembership | None = None
     kv_events: KVEventsEndpoint | None = None  # None: it publishes none (a decode, or turned off)
 
+    RENAMED: ClassVar[dict[str, str]] = {"bootstrap_host": "kv_bootstrap_host", "bootstrap_port": "kv_bootstrap_port"}
+
     @model_validator(mode="after")
     def _prefill_has_bootstrap(self) -> WorkerRegistration:
-        if self.role is Role.PREFILL and (not self.bootstrap_host or self.bootstrap_port is None):
-            raise ValueError("a prefill registration needs bootstrap_host and bootstrap_port")
-        if self.bootstrap_port == BOOTSTRAP_SERVICE_PORT:
-            raise ValueError(f"bootstrap_port {BOOTSTRAP_SERVICE_PORT} belongs to the bootstrap service")
+        if self.role is Role.PREFILL and (not self.kv_bootstrap_host or self.kv_bootstrap_port is None):
+            raise ValueError("a prefill registration needs kv_bootstrap_host and kv_bootstrap_port")
+        if self.kv_bootstrap_port == BOOTSTRAP_SERVICE_PORT:
+            raise ValueError(f"kv_bootstrap_port {BOOTSTRAP_SERVICE_PORT} belongs to the bootstrap service")
         return self
 
     @property
@@ -200,8 +236,9 @@ def _known(model: type[BaseModel], data: Any, where: str, dropped: list[str]) ->
     if not isinstance(data, dict):
         return data
     kept = {}
+    renamed = model.RENAMED if issubclass(model, _Strict) else {}
     for key, value in data.items():
-        field = model.model_fields.get(key)
+        field = model.model_fields.get(renamed.get(key) or key)
         if field is None:
             dropped.append(f"{where}{key}")
             continue

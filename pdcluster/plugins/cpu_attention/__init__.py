@@ -14,19 +14,7 @@ An internal missing or changed stops the process at plugin load with a message n
 
 from __future__ import annotations
 
-from pdcluster import sglang_plugin
+from pdcluster.plugins.sglang_plugin import CpuPlugin
 
-ENV_VAR = "PDCLUSTER_CPU_ATTENTION"
-
-
-def active() -> bool:
-    return sglang_plugin.active(ENV_VAR, on_cuda="attention backends")
-
-
-def register() -> None:
-    """The `sglang.srt.plugins` entry point."""
-    if not active():
-        return
-    from pdcluster.cpu_attention import internals
-
-    sglang_plugin.apply("cpu_attention", internals.apply)
+PLUGIN = CpuPlugin("cpu_attention", "PDCLUSTER_CPU_ATTENTION", on_cuda="attention backends")
+ENV_VAR, register = PLUGIN.env_var, PLUGIN.register  # register: the entry point

@@ -11,8 +11,8 @@ import inspect
 from types import ModuleType
 from typing import Any, NoReturn
 
-from pdcluster.cpu_hicache import ops
-from pdcluster.sglang_plugin import import_module, refuse
+from pdcluster.plugins.cpu_hicache import PLUGIN, ops
+from pdcluster.plugins.sglang_plugin import import_module
 
 BASE, MHA, CONTROLLER = ("sglang.srt.mem_cache.pool_host.base", "sglang.srt.mem_cache.pool_host.mha",
                          "sglang.srt.managers.cache_controller")
@@ -30,7 +30,7 @@ _undo: list[tuple[Any, str, Any]] = []
 
 
 def _fail(what: str) -> NoReturn:
-    refuse("cpu_hicache", "PDCLUSTER_CPU_HICACHE", what, WRITTEN_FOR, ", or run HiCache on a GPU")
+    PLUGIN.refuse(what, WRITTEN_FOR, ", or run HiCache on a GPU")
 
 
 def _module(name: str) -> ModuleType:

@@ -4,7 +4,8 @@ The race (seen in 2 of the last 4 runs of the e2e suite, always under load): `Mo
 tests `kv_chunk.room not in self.request_status` and then reads `self.check_status(kv_chunk.room)`; the scheduler
 thread clears a concluded or aborted room in between, the read raises KeyError, and the whole transfer thread ends
 ("Transfer thread failed because of <room>. Prefill instance ... is dead"). Every later hand-off queued on that
-thread then fails (pdcluster/thread_guard.py ends such a worker, which costs the requests it held and a restart).
+thread then fails (pdcluster/plugins/thread_guard.py ends such a worker, which costs the requests it held and a
+restart).
 
 What a missing room means at each of those reads is what the test just before it says: the room is gone, the
 chunk's work is over. So when the loop ends with exactly that (the RuntimeError SGLang raises from a KeyError whose
@@ -20,15 +21,8 @@ it stops the worker at start, naming it, rather than being wrapped unseen.
 
 from __future__ import annotations
 
-from pdcluster import sglang_plugin
+from pdcluster.plugins.sglang_plugin import CpuPlugin
 
-ENV_VAR = "PDCLUSTER_CPU_TRANSFER_RACE"
-
-
-def register() -> None:
-    """The `sglang.srt.plugins` entry point."""
-    if not sglang_plugin.active(ENV_VAR, on_cuda="transfer loop (only pdcluster's thread guard applies)"):
-        return
-    from pdcluster.cpu_transfer_race import internals
-
-    sglang_plugin.apply("cpu_transfer_race", internals.apply)
+PLUGIN = CpuPlugin("cpu_transfer_race", "PDCLUSTER_CPU_TRANSFER_RACE",
+                   on_cuda="transfer loop (only pdcluster's thread guard applies)")
+ENV_VAR, register = PLUGIN.env_var, PLUGIN.register  # register: the entry point

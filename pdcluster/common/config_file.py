@@ -46,7 +46,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def first_problem(exc: ValidationError | RequestValidationError) -> tuple[str, str]:
     """(dotted field path, message) of the first problem pydantic found; the path is empty for the model as a whole.
-    `exc`: pydantic's ValidationError, or FastAPI's RequestValidationError for a request body (pdcluster/http.py)."""
+    `exc`: pydantic's ValidationError, or FastAPI's RequestValidationError for a request body
+    (pdcluster/common/http.py)."""
     problem = exc.errors()[0]
     return field_path(problem.get("loc", ())), problem.get("msg", "invalid value")
 

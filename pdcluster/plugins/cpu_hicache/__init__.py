@@ -16,19 +16,7 @@ An internal missing or changed stops the process at plugin load with a message n
 
 from __future__ import annotations
 
-from pdcluster import sglang_plugin
+from pdcluster.plugins.sglang_plugin import CpuPlugin
 
-ENV_VAR = "PDCLUSTER_CPU_HICACHE"
-
-
-def active() -> bool:
-    return sglang_plugin.active(ENV_VAR, on_cuda="HiCache kernels")
-
-
-def register() -> None:
-    """The `sglang.srt.plugins` entry point."""
-    if not active():
-        return
-    from pdcluster.cpu_hicache import internals
-
-    sglang_plugin.apply("cpu_hicache", internals.apply)
+PLUGIN = CpuPlugin("cpu_hicache", "PDCLUSTER_CPU_HICACHE", on_cuda="HiCache kernels")
+ENV_VAR, register = PLUGIN.env_var, PLUGIN.register  # register: the entry point

@@ -6,7 +6,7 @@ installed wheel both have. Relative paths (the spec's configs and log_dir, the m
 are relative to the directory the cluster is started from, as for each component's own command.
 
 Once the cluster is ready, `supervise()` starts a thread that restarts any component that exits without being asked
-to, with the backoff of pdcluster/restarts.py (1 s, doubling, capped at 30 s; a crash loop is reported and held at
+to, with the backoff of pdcluster/local/restarts.py (1 s, doubling, capped at 30 s; a crash loop is reported and held at
 the cap). A component is "asked to" stop when it is signalled through `Process.signal` (SIGTERM/SIGINT/SIGKILL) or
 `LocalCluster.hold`; it then stays down until `start()`. A restarted worker registers again and the router takes it
 back on its own.
@@ -29,15 +29,11 @@ from pathlib import Path
 
 import httpx
 
-from pdcluster.config_file import ConfigError, fail, load_model
-from pdcluster.local_process import STOP_SIGNALS, Process
-from pdcluster.local_spec import ComponentSpec, LocalSpec, WorkerGroupSpec
-from pdcluster.models import model_args
-from pdcluster.restarts import RestartPolicy
-
-# The specs and Process live in their own modules; callers (tests, the chaos soak) import them from here too.
-__all__ = ["STOP_SIGNALS", "ComponentSpec", "LocalCluster", "LocalSpec", "Process", "WorkerGroupSpec", "hold_pid",
-           "main"]
+from pdcluster.common.config_file import ConfigError, fail, load_model
+from pdcluster.local.models import model_args
+from pdcluster.local.process import Process
+from pdcluster.local.restarts import RestartPolicy
+from pdcluster.local.spec import LocalSpec
 
 
 @dataclass(eq=False)  # hashable: supervising clusters are kept in a WeakSet
@@ -248,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"ready: the router serves at {cluster.router_url} (POST /generate, /v1/chat/completions); Ctrl-C stops",
           flush=True)
-    # A component that exits on its own is restarted with backoff (pdcluster/restarts.py), each time with a line
+    # A component that exits on its own is restarted with backoff (pdcluster/local/restarts.py), each time with a line
     # on stderr; the rest of the cluster goes on serving meanwhile.
     cluster.supervise()
     while not stopping:
@@ -256,7 +252,3 @@ def main(argv: list[str] | None = None) -> int:
     print("stopping ...", flush=True)
     cluster.stop()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

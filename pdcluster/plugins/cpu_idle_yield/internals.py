@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn, cast
 
-from pdcluster.sglang_plugin import fingerprint, import_module, refuse
+from pdcluster.plugins.cpu_idle_yield import PLUGIN
+from pdcluster.plugins.sglang_plugin import fingerprint, import_module
 
 MODULE, CLASS = "sglang.srt.managers.scheduler", "Scheduler"
 # sha256 of ast.dump of each method without its docstring, as SGLang 0.5.23 ships it.
@@ -21,7 +22,7 @@ WAIT_MS = 1  # how long a scheduler with only hand-offs pending waits before it 
 
 
 def _fail(what: str) -> NoReturn:
-    refuse("cpu_idle_yield", "PDCLUSTER_CPU_IDLE_YIELD", what, WRITTEN_FOR, ", or unset the variable")
+    PLUGIN.refuse(what, WRITTEN_FOR, ", or unset the variable")
 
 
 def waiting(on_idle: Callable[[Any], Any]) -> Callable[[Any], Any]:
