@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from pdcluster.common.config_file import secret_or_env
+from pdcluster.common.protocol import WorkerFacts
 
 
 # The load-balancing policies are router/pd/policies.py's REGISTRY, which this module, the router's lowest, cannot
@@ -37,22 +38,11 @@ def _known_policy(name: str, info: ValidationInfo) -> str:
 PolicyName = Annotated[str, AfterValidator(_known_policy)]
 
 
-class StaticWorker(BaseModel):
-    """A worker listed in the router config instead of (or besides) discovered from the bootstrap service."""
+class StaticWorker(WorkerFacts):
+    """A worker listed in the router config instead of (or besides) discovered from the bootstrap service: the fields
+    a registration has (WorkerFacts: its url, KV bootstrap server, vocab_size, context_length, forward_tokens; without
+    vocab_size, requests given as token ids are refused), and what its SGLang runs with."""
 
-    model_config = ConfigDict(extra="forbid")
-    url: HttpUrl
-    # A prefill's SGLang KV bootstrap server (what decode fetches KV metadata from); the host defaults to the url's.
-    # Not the bootstrap service (bootstrap_url).
-    kv_bootstrap_host: str | None = None
-    kv_bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
-    # The model's vocabulary size and context length: token ids in requests are checked against them (discovered
-    # workers register theirs; without vocab_size, requests given as token ids are refused).
-    vocab_size: int | None = Field(default=None, ge=1)
-    context_length: int | None = Field(default=None, ge=1)
-    # A prefill's largest forward pass in prompt tokens (SGLang's chunked_prefill_size; discovered workers register
-    # it): how long its scheduler may be silent (router/fleet/liveness.py). Unknown: only this router's prompts count.
-    forward_tokens: int | None = Field(default=None, ge=1)
     # What its SGLang runs with (discovered workers register these): --tool-call-parser's name, for tool calling,
     # --reasoning-parser's, for the reasoning fields, and --enable-deterministic-inference, for seeds. Requests that
     # need them are refused through a pair without them.

@@ -110,27 +110,34 @@ class KVEventsEndpoint(_Strict):
     topic: str = Field(default="", max_length=64)
 
 
-class WorkerRegistration(_Strict):
-    """Sent by a worker's launcher to the bootstrap service once its SGLang server answers."""
+class WorkerFacts(_Strict):
+    """What a worker's registration and the router config's static worker (router/config.py) both say of a worker: one
+    schema, one name per field."""
+
+    url: HttpUrl
+    # A prefill's SGLang KV bootstrap server: decode workers fetch transfer metadata from it. Not the bootstrap service.
+    kv_bootstrap_host: str | None = None
+    kv_bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    # The model's vocabulary size and context length (a local model folder's config.json; context_length: SGLang's
+    # --context-length when set): token ids in requests are checked against them. None: unknown.
+    vocab_size: int | None = Field(default=None, ge=1)
+    context_length: int | None = Field(default=None, ge=1)
+    # A prefill's largest forward pass in prompt tokens (SGLang's chunked_prefill_size): how long it may be silent
+    # while it works for any client, other routers' included (router/fleet/liveness.py).
+    forward_tokens: int | None = Field(default=None, ge=1)
+
+
+class WorkerRegistration(WorkerFacts):
+    """Sent by a worker's launcher to the bootstrap service once its SGLang server answers. An older launcher sends
+    kv_bootstrap_host and kv_bootstrap_port as bootstrap_host and bootstrap_port (RENAMED)."""
 
     worker_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@-]+$")
     role: Role
-    url: HttpUrl
     identity: ModelIdentity
-    # A prefill's SGLang KV bootstrap server: decode workers fetch transfer metadata from it. The names of the router
-    # config's static workers (router/config.py); an older launcher sends bootstrap_host and bootstrap_port (RENAMED).
-    kv_bootstrap_host: str | None = None
-    kv_bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
-    # From a local model folder's config.json (context_length: SGLang's --context-length when set); None: unknown.
-    vocab_size: int | None = Field(default=None, ge=1)
-    context_length: int | None = Field(default=None, ge=1)
     # From SGLang's /server_info once it serves (None: unknown): the tokens its KV pool holds, and a decode's
     # num_reserved_decode_tokens, which it pre-allocates with every prompt (router/pd/kv_fit.py).
     kv_pool_tokens: int | None = Field(default=None, ge=1)
     reserved_decode_tokens: int | None = Field(default=None, ge=0)
-    # ... and the most prompt tokens one forward pass computes (its chunked prefill size): how long a prefill may be
-    # silent while it works for any client, other routers' included (router/fleet/liveness.py).
-    forward_tokens: int | None = Field(default=None, ge=1)
     # Made by the launcher at each start: routers check a new instance (a restarted worker) before it gets traffic.
     instance_id: str | None = Field(default=None, max_length=64)
     capabilities: WorkerCapabilities = Field(default_factory=WorkerCapabilities)

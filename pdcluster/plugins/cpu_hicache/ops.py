@@ -7,7 +7,7 @@ followed by the V layers (a single list entry per layer for MLA).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -31,10 +31,17 @@ def _rows(indices: torch.Tensor, page_size: int) -> torch.Tensor:
     return (starts + torch.arange(page_size, device=indices.device)).reshape(-1)
 
 
-def _split(layers: Sequence[torch.Tensor], components: int) -> int:
-    if components not in (1, 2) or len(layers) % components:
-        raise ValueError(f"{len(layers)} layer tensors cannot be split into {components} component(s) (K/V or MLA)")
-    return len(layers) // components
+def _per_layer(host: Sequence[torch.Tensor], device: Sequence[torch.Tensor]
+               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(j, the host tensor of its component, the device tensor of its j-th layer) for every component (K and V, or
+    MLA's one) and layer: the device list holds each component's layers in a row, K's then V's."""
+    components = len(host)
+    if components not in (1, 2) or len(device) % components:
+        raise ValueError(f"{len(device)} layer tensors cannot be split into {components} component(s) (K/V or MLA)")
+    layers = len(device) // components
+    for c, tensor in enumerate(host):
+        for j in range(layers):
+            yield j, tensor, device[c * layers + j]
 
 
 def transfer_kv_direct(src_layers: Sequence[torch.Tensor], dst_layers: Sequence[torch.Tensor],
@@ -56,25 +63,19 @@ def transfer_kv_per_layer_direct_pf_lf(src_ptrs: Sequence[torch.Tensor], dst_ptr
     dst_ptrs holds, per component, the device tensors of layers layer_id, layer_id + 1, ...
     """
     _check(src_indices, dst_indices, page_size)
-    layers = _split(dst_ptrs, len(src_ptrs))
     pages, rows = _pages(src_indices, page_size), _rows(dst_indices, page_size)
-    for c, src in enumerate(src_ptrs):
-        for j in range(layers):
-            dst = dst_ptrs[c * layers + j]
-            # The layer first, then its pages: selecting the pages first would copy every layer of them, once per
-            # layer loaded (30x the bytes on SmolLM2: seconds for an 8000-token hit).
-            block = src.select(1, layer_id + j).index_select(0, pages.to(src.device))  # [n, page_size, ...]
-            dst.index_copy_(0, rows.to(dst.device), block.reshape(-1, *dst.shape[1:]).to(dst.device))
+    for j, src, dst in _per_layer(src_ptrs, dst_ptrs):
+        # The layer first, then its pages: selecting the pages first would copy every layer of them, once per layer
+        # loaded (30x the bytes on SmolLM2: seconds for an 8000-token hit).
+        block = src.select(1, layer_id + j).index_select(0, pages.to(src.device))  # [n, page_size, ...]
+        dst.index_copy_(0, rows.to(dst.device), block.reshape(-1, *dst.shape[1:]).to(dst.device))
 
 
 def transfer_kv_all_layer_direct_lf_pf(src_ptrs: Sequence[torch.Tensor], dst_ptrs: Sequence[torch.Tensor],
                                        src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int) -> None:
     """Device layer-first tensors (all layers of each component) -> host page-first [page, layer, page_size, ...]."""
     _check(src_indices, dst_indices, page_size)
-    layers = _split(src_ptrs, len(dst_ptrs))
     rows, pages = _rows(src_indices, page_size), _pages(dst_indices, page_size)
-    for c, dst in enumerate(dst_ptrs):
-        for j in range(layers):
-            src = src_ptrs[c * layers + j]
-            block = src.index_select(0, rows.to(src.device)).reshape(-1, page_size, *src.shape[1:])
-            dst.select(1, j).index_copy_(0, pages.to(dst.device), block.to(dst.device))  # writes through the view
+    for j, dst, src in _per_layer(dst_ptrs, src_ptrs):
+        block = src.index_select(0, rows.to(src.device)).reshape(-1, page_size, *src.shape[1:])
+        dst.select(1, j).index_copy_(0, pages.to(dst.device), block.to(dst.device))  # writes through the view
