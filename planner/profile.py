@@ -3,13 +3,15 @@ machine's model into the capacity profile (pdcluster/capacity.py) that the plann
 
 It starts a real local cluster through the launcher behind `make up` (pdcluster.local: the bootstrap service, one
 prefill, one decode and the router, on ports of its own) and measures through the router, as a client sees it:
-- prefill: the time to first token of single requests (random token ids, one new token, nothing else running) at
-  each prompt length, a few repeats each; tokens/s = length / median TTFT, the repeats' range kept as the spread;
+- prefill: the time to first token of single requests (random token ids, nothing else running) at each prompt
+  length, a few repeats each; tokens/s = length / median TTFT, the repeats' range kept as the spread;
 - decode: `batch` concurrent streams at each context length, their per-token gaps while all of them run (medians and
   quartiles). The streams of one context share a prefix the prefill has cached, so that each costs the prefill a few
   tokens and they start nearly together; a batch the decode's KV pool cannot hold at once is skipped.
 A budget keeps the run short on a shared machine: past it, the remaining points are skipped and the profile's
-`method` names them. Hold `flock /tmp/pdcluster-cluster.lock` (the Makefile target does): one real cluster at a time.
+`method` names them, as it names a point whose requests failed (on a busy CPU a 4096-token prompt can outlast the
+decode's 60 s wait for its KV, SGLANG_DISAGGREGATION_WAITING_TIMEOUT in configs/decode.yaml). Hold
+`flock /tmp/pdcluster-cluster.lock` (the Makefile target does): one real cluster at a time.
 """
 
 from __future__ import annotations
@@ -98,7 +100,12 @@ class Sweep:
             if time.monotonic() > until:
                 self.skipped.append(f"prefill {length}")
                 continue
-            ttfts = [await self.ttft(length) for _ in range(repeats)]
+            try:
+                ttfts = [await self.ttft(length) for _ in range(repeats)]
+            except (RuntimeError, httpx.HTTPError) as exc:  # a longer prompt would fail the same way: stop here
+                self.skipped.append(f"prefill {length} and longer ({str(exc)[:120]})")
+                print(f"prefill {length:5d} tokens failed, longer ones skipped: {exc}", flush=True)
+                break
             points.append(prefill_point(length, ttfts))
             print(f"prefill {length:5d} tokens: {points[-1].tokens_per_s:7.1f} tokens/s "
                   f"(TTFT {', '.join(f'{t:.2f}' for t in ttfts)} s)", flush=True)
@@ -114,8 +121,12 @@ class Sweep:
                 if not fits_in_kv(batch, context, answer_tokens, kv_tokens) or time.monotonic() > until:
                     self.skipped.append(f"decode batch {batch} at context {context}")
                     continue
-                runs = await asyncio.gather(*(stream(self.client, prefix + self.ids(SUFFIX_TOKENS), answer_tokens)
-                                              for _ in range(batch)))
+                try:
+                    runs = await asyncio.gather(*(stream(self.client, prefix + self.ids(SUFFIX_TOKENS), answer_tokens)
+                                                  for _ in range(batch)))
+                except (RuntimeError, httpx.HTTPError) as exc:
+                    self.skipped.append(f"decode batch {batch} at context {context} ({str(exc)[:120]})")
+                    continue
                 # The context grows by the answer during the cell: the point is placed at its middle.
                 point = decode_point(batch, context + answer_tokens // 2, [chunks for _, chunks in runs])
                 if point is None:
