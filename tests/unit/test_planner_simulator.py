@@ -79,3 +79,25 @@ def test_an_unmeasured_flip_takes_the_stated_default():
 
     assert Simulator(PROFILE, 2, 1.0, 1.0).flip_seconds == DEFAULT_FLIP_SECONDS
     assert Simulator(PROFILE.model_copy(update={"flip_seconds": 0.7}), 2, 1.0, 1.0).flip_seconds == 0.7
+
+
+def test_a_busy_worker_drains_its_own_work_before_it_flips():
+    """2P1D, then 1P2D from t=1 (flip 5 s). R1 (100 tokens) arrives at 0.5: prefill 0, 0.5-1.5. R2 (150) at 0.6:
+    prefill 1 (nothing booked), 0.6-2.1. At 1.0 prefill 0 has less booked (100 < 150): it drains, finishes R1 at
+    1.5, flips 1.5-6.5. R3 (100) at 1.2 waits for prefill 1: 2.1-3.1, TTFT 1.9."""
+    trace = Trace("drain", ((0.5, 100, 2), (0.6, 150, 2), (1.2, 100, 2)), 10.0, (Phase("all", 0.0, 10.0),))
+    simulator = Simulator(PROFILE, 3, ttft_bound=2.0, itl_bound=0.15, flip_seconds=5.0)
+    result = simulator.run(trace, Oracle([(0.0, Split(2, 1)), (1.0, Split(1, 2))], interval=1.0))
+    assert [r.first_token for r in result.requests] == pytest.approx([1.5, 2.1, 3.1])
+    assert [w.role for w in simulator.workers] == ["decode", "prefill", "decode"]
+
+
+def test_a_decode_never_runs_a_batch_larger_than_measured():
+    """1P1D; three requests at 0 of 10 prompt tokens (0.1 s each) and 11 answer tokens (10 steps). R1 decodes from
+    0.1, alone for one step; R2 joins at 0.2 (two at 0.2 s a step): R1's 9 steps left end at 2.0, R2 has 1 left.
+    R3, prefilled at 0.3, waits for room (2 is the largest batch measured): admitted at 2.0, TTFT 2.0. R2 ends at
+    2.2; R3 takes one step at 0.2 s, then 9 alone at 0.1 s: done at 3.1."""
+    trace = Trace("full", ((0.0, 10, 11), (0.0, 10, 11), (0.0, 10, 11)), 10.0, (Phase("all", 0.0, 10.0),))
+    result = Simulator(PROFILE, 2, ttft_bound=2.0, itl_bound=0.15).run(trace, Static(Split(1, 1)))
+    assert [r.first_token for r in result.requests] == pytest.approx([0.1, 0.2, 2.0])
+    assert [r.done for r in result.requests] == pytest.approx([2.0, 2.2, 3.1])
