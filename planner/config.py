@@ -31,10 +31,9 @@ class Slo(_Strict):
 class PlannerConfig(_Strict):
     """What the planner sizes for and how cautiously it changes a split."""
 
-    # SmolLM2-135M on one CPU core per worker: a 2000-token prompt alone takes ~5 s to its first token, a decode step
-    # ~60 ms alone and ~120 ms at four streams (bench/README.md); the bounds leave room for queueing.
-    ttft: Slo = Slo(percentile=90, bound_s=15.0)
-    itl: Slo = Slo(percentile=90, bound_s=0.2)
+    # configs/planner.yaml's, for SmolLM2-135M on this machine's CPU (why: there).
+    ttft: Slo = Slo(percentile=90, bound_s=30.0)
+    itl: Slo = Slo(percentile=90, bound_s=0.3)
     interval_s: float = Field(default=60.0, gt=0)  # one decision per interval, on the interval's observations
     mode: Literal["recommend", "act"] = "recommend"  # recommend: log and export the decision; act: flip workers too
     # No reversal (back toward the role the last change took workers from) within this long of the last change: a

@@ -98,7 +98,7 @@ class Sweep:
         points = []
         for length in sorted(lengths):
             if time.monotonic() > until:
-                self.skipped.append(f"prefill {length}")
+                self.skipped.append(f"prefill {length} (over the budget)")
                 continue
             try:
                 ttfts = [await self.ttft(length) for _ in range(repeats)]
@@ -118,8 +118,11 @@ class Sweep:
             prefix = self.ids(context - SUFFIX_TOKENS)
             await stream(self.client, prefix + self.ids(SUFFIX_TOKENS), 1)  # the prefill caches the prefix
             for batch in sorted(batches):
-                if not fits_in_kv(batch, context, answer_tokens, kv_tokens) or time.monotonic() > until:
-                    self.skipped.append(f"decode batch {batch} at context {context}")
+                if not fits_in_kv(batch, context, answer_tokens, kv_tokens):
+                    self.skipped.append(f"decode batch {batch} at context {context} (over the KV pool)")
+                    continue
+                if time.monotonic() > until:
+                    self.skipped.append(f"decode batch {batch} at context {context} (over the budget)")
                     continue
                 try:
                     runs = await asyncio.gather(*(stream(self.client, prefix + self.ids(SUFFIX_TOKENS), answer_tokens)
@@ -154,7 +157,7 @@ def hardware() -> str:
 async def measure(args: argparse.Namespace, router_url: str, decode_url: str) -> Profile:
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
     kv_tokens = httpx.get(f"{decode_url}/server_info", timeout=30).json().get("max_total_num_tokens")
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()  # the machine's other work, for whoever reads the noise
     timeout = httpx.Timeout(600, connect=10)
     async with httpx.AsyncClient(base_url=router_url, timeout=timeout) as client:
         sweep = Sweep(client, vocab)
@@ -164,7 +167,8 @@ async def measure(args: argparse.Namespace, router_url: str, decode_url: str) ->
     method = (f"planner.profile through pdcluster's router, 1 prefill + 1 decode (configs/prefill.yaml, decode.yaml); "
               f"prefill: median TTFT of {args.repeats} single requests of random ids per length, spread = range of "
               f"tokens/s; decode: median per-token gap of N concurrent streams of {args.answer_tokens} tokens while "
-              f"all ran, spread = p75-p25; took {time.monotonic() - started:.0f} s")
+              f"all ran, spread = p75-p25; took {time.monotonic() - started:.0f} s, load average at the start "
+              f"{', '.join(f'{x:.1f}' for x in load)}")
     if sweep.skipped:
         method += "; skipped: " + ", ".join(sweep.skipped)
     return Profile(model=Path(args.model).name, hardware=hardware(), measured_at=datetime.now(UTC), method=method,

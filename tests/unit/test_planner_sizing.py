@@ -128,3 +128,18 @@ def test_predictors():
     assert predict_series([], "moving_average", 3) == 0.0
     idle = Load(0.0, 0.0, 0.0)
     assert predict_load([Load(2.0, 100, 10), idle], "moving_average", 3) == Load(1.0, 100, 10)
+
+
+def test_the_example_config_loads_and_a_bad_one_is_refused(tmp_path):
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    repo = Path(__file__).resolve().parents[2]
+    config = PlannerConfig.from_file(repo / "configs" / "planner.yaml")
+    assert config.mode == "recommend" and config.ttft.attainment_target == 0.9
+    assert (repo / config.profile).is_file(), "configs/planner.yaml names a profile that is not committed"
+    for bad in ("mode: fly\n", "ttft: {percentile: 0, bound_s: 1}\n", "hysteresis: 1.5\n", "interval: 60\n"):
+        (tmp_path / "bad.yaml").write_text(bad)
+        with pytest.raises(ValidationError):
+            PlannerConfig.from_file(tmp_path / "bad.yaml")
