@@ -40,18 +40,21 @@ class PlannerConfig(_Strict):
     # flip costs a drain, a cold cache and the flip itself, and a load that reverses within minutes is noise to
     # ride out, not a mix to follow. Moves in the same direction (a ramp) are not held.
     dwell_s: float = Field(default=600.0, ge=0)
-    # A change must lower the tighter role's predicted utilization by at least this much (0.1: ten points): a
-    # prediction's noise alone never flips a worker.
-    hysteresis: float = Field(default=0.1, ge=0, lt=1)
+    # A change must lower the tighter role's predicted utilization by at least this share of it (0.2: from 1.0 to
+    # 0.8 or lower): a prediction's noise, or one worker's worth of rounding, alone never flips a worker.
+    hysteresis: float = Field(default=0.2, ge=0, lt=1)
     predictor: Literal["constant", "moving_average", "linear_trend"] = "moving_average"
     window: int = Field(default=3, ge=1)  # intervals the predictors look back over
     # Share of a decode's ITL-bounded batch slots the sizing fills: the rest absorbs arrivals' randomness.
     decode_utilization: float = Field(default=0.85, gt=0, le=1)
-    # The SLO correction: a role whose attainment misses its target is sized up by gain x the shortfall per
-    # interval, up to max_correction x; met again, the correction decays back toward 1 by `correction_decay`.
-    correction_gain: float = Field(default=2.0, ge=0)
-    max_correction: float = Field(default=2.0, ge=1)
+    # The SLO correction: a role whose attainment (over `correction_window` intervals) misses its target is sized up
+    # by gain x the shortfall per interval, up to max_correction x; met again, it decays toward 1 by
+    # `correction_decay`. Slow on purpose: it is for what the profile gets wrong, not for a burst's queue.
+    correction_gain: float = Field(default=1.0, ge=0)
+    max_correction: float = Field(default=1.5, ge=1)
     correction_decay: float = Field(default=0.5, ge=0, le=1)
+    correction_window: int = Field(default=10, ge=1)  # intervals whose attainment the correction reads together
+    min_judged: int = Field(default=20, ge=1)  # requests judged (over those intervals) before correcting
     profile: str = "configs/profiles/smollm2-135m-instruct.json"  # pdcluster/capacity.py's Profile, as JSON
     # Where the live planner reads the load (the router's metrics) and the workers (the registry).
     router_url: str = "http://127.0.0.1:8000"

@@ -247,10 +247,8 @@ class Simulator:
         if seen.finished:
             self.last_answer = seen.answer_tokens / seen.finished
         prompt = seen.prompt_tokens / seen.arrivals if seen.arrivals else 0.0
-        ttft_total = seen.first_tokens + late
-        return Observation(Load(seen.arrivals / interval, prompt, self.last_answer),
-                           ttft_attainment=seen.ttft_met / ttft_total if ttft_total else None,
-                           itl_attainment=seen.itl_met / seen.finished if seen.finished else None)
+        return Observation(Load(seen.arrivals / interval, prompt, self.last_answer), ttft_met=seen.ttft_met,
+                           ttft_judged=seen.first_tokens + late, itl_met=seen.itl_met, itl_judged=seen.finished)
 
     def is_good(self, request: Request) -> bool:
         ttft, itl = request.ttft, request.mean_itl

@@ -11,8 +11,13 @@ Sizing, per role, in workers:
 - decode: the largest batch b* whose step meets the ITL bound at the predicted context (and fits the KV pool); a
   request holds a slot for answer x ITL(b*); the need is those slot-seconds per second over b* x decode_utilization.
 The split minimises the tighter role's utilization (need / workers). A change is made only when it lowers that
-utilization by at least `hysteresis`, and a reversal (back toward the role the last change took workers from) only
-past the dwell time: following a ramp step by step is not churn, going back and forth is.
+utilization by at least `hysteresis` of itself (a share: the same caution at 4 workers and at 128, at light load and
+overloaded), and a reversal (back toward the role the last change took workers from) only
+past the dwell time, unless the current split would overload its tighter role by more than the hysteresis and the
+new one would not: following a ramp step by step is not churn, going back and forth is, and sitting out a dwell
+overloaded when a split that fits exists is worse than either. The correction reads the attainment of the last
+`correction_window` intervals together (a systematic error of the profile, not a burst's queue), once enough requests
+were judged, and only when no change happened within the last `window` intervals.
 """
 
 from __future__ import annotations
@@ -28,12 +33,31 @@ from planner.predict import Load, predict_load
 
 @dataclass(frozen=True)
 class Observation:
-    """One interval as the router saw it: its load, and the share of its finished requests that met each SLO's bound
-    (None: none finished)."""
+    """One interval as the router saw it: its load, and of the requests it could judge against each SLO's bound (a
+    first token, or still none past the TTFT bound; a finished answer for ITL) how many met it."""
 
     load: Load
-    ttft_attainment: float | None = None
-    itl_attainment: float | None = None
+    ttft_met: int = 0
+    ttft_judged: int = 0
+    itl_met: int = 0
+    itl_judged: int = 0
+
+    @property
+    def ttft_attainment(self) -> float | None:
+        return self.ttft_met / self.ttft_judged if self.ttft_judged else None
+
+    @property
+    def itl_attainment(self) -> float | None:
+        return self.itl_met / self.itl_judged if self.itl_judged else None
+
+
+def pooled_attainment(history: Sequence[Observation], window: int, slo: str, least: int) -> tuple[float, int] | None:
+    """(share meeting `slo`, requests judged) over the last `window` intervals together, for `slo` "ttft" or "itl";
+    None below `least` requests judged (a share of a handful is noise, and the correction would chase it)."""
+    recent = history[-window:]
+    met = sum(getattr(o, f"{slo}_met") for o in recent)
+    judged = sum(getattr(o, f"{slo}_judged") for o in recent)
+    return (met / judged, judged) if judged >= least else None
 
 
 @dataclass(frozen=True)
@@ -134,14 +158,21 @@ def decode_need(profile: Profile, load: Load, itl: Slo, utilization: float) -> f
     return concurrent / (batch * utilization)
 
 
-def corrected(correction: float, attainment: float | None, slo: Slo, config: PlannerConfig) -> float:
-    """A role's correction after an interval: up by gain x shortfall when its SLO's attainment missed the target,
-    back toward 1 when it met it (None: nothing finished, nothing learnt)."""
-    if attainment is None:
+def corrected(correction: float, seen: tuple[float, int] | None, slo: Slo, config: PlannerConfig) -> float:
+    """A role's correction after an interval, from `seen` = (attainment, requests judged): up by gain x the shortfall
+    beyond chance, back toward 1 when the target is met, unchanged in between or with nothing judged. Chance: two
+    standard errors of a share at the target over that many requests (at p90 and 100 requests, 0.06); a miss that
+    small is the arrivals' luck, not the profile's error."""
+    if seen is None:
         return correction
-    shortfall = slo.attainment_target - attainment
+    attainment, judged = seen
+    target = slo.attainment_target
+    chance = 2 * math.sqrt(target * (1 - target) / judged)
+    shortfall = target - attainment
+    if shortfall > chance:
+        return min(config.max_correction, correction * (1 + config.correction_gain * (shortfall - chance)))
     if shortfall > 0:
-        return min(config.max_correction, correction * (1 + config.correction_gain * shortfall))
+        return correction
     return 1 + (correction - 1) * config.correction_decay
 
 
@@ -166,30 +197,37 @@ def decide(config: PlannerConfig, profile: Profile, current: Split, state: Plann
     """This interval's decision and the state to carry to the next; `history` oldest first, its last entry the
     interval just ended."""
     last = history[-1] if history else None
-    ttft_seen, itl_seen = (None, None) if last is None else (last.ttft_attainment, last.itl_attainment)
-    corrections = (corrected(state.prefill_correction, ttft_seen, config.ttft, config),
-                   corrected(state.decode_correction, itl_seen, config.itl, config))
+    since = None if state.last_change_at is None else now - state.last_change_at
+    # Misses while a change settles (drains, flips, the backlog they leave) are the change's, not the profile's:
+    # the correction learns only from intervals the current split served whole.
+    settled = since is None or since >= config.window * config.interval_s
+    pooled = [pooled_attainment(history, config.correction_window, slo, config.min_judged) if settled else None
+              for slo in ("ttft", "itl")]
+    corrections = (corrected(state.prefill_correction, pooled[0], config.ttft, config),
+                   corrected(state.decode_correction, pooled[1], config.itl, config))
     predicted = predict_load([o.load for o in history], config.predictor, config.window)
     need_p = prefill_need(profile, predicted, config.ttft, current.workers) * corrections[0]
     need_d = decode_need(profile, predicted, config.itl, config.decode_utilization) * corrections[1]
     desired = best_split(current.workers, need_p, need_d, current)
     now_u, then_u = utilization(current, need_p, need_d), utilization(desired, need_p, need_d)
-    since = None if state.last_change_at is None else now - state.last_change_at
     direction = (desired.prefill > current.prefill) - (desired.prefill < current.prefill)
     if desired == current:
         reason = f"hold: {current} is the best split (tighter role at {now_u:.2f})"
-    elif since is not None and since < config.dwell_s and direction != state.last_direction:
+    elif (since is not None and since < config.dwell_s and direction != state.last_direction
+          and not (now_u > 1 + config.hysteresis and then_u <= 1)):
         reason = (f"hold: dwell, the last change went the other way {since:.0f}s ago (< {config.dwell_s:.0f}s); "
                   f"{desired} would be better")
         desired = current
-    elif now_u - then_u < config.hysteresis:
+    elif now_u - then_u < config.hysteresis * now_u:
         reason = (f"hold: {desired} would take the tighter role from {now_u:.2f} to {then_u:.2f}, less than the "
-                  f"hysteresis {config.hysteresis:.2f}")
+                  f"hysteresis ({config.hysteresis:.2f} of it)")
         desired = current
     else:
         role = "prefill" if desired.prefill > current.prefill else "decode"
         reason = (f"change to {desired}: {abs(desired.prefill - current.prefill)} to {role}, the tighter role from "
                   f"{now_u:.2f} to {then_u:.2f}")
+        if since is not None and since < config.dwell_s and direction != state.last_direction:
+            reason += f" (a reversal within the dwell: {current} would overload its tighter role, {desired} not)"
     decision = Decision(now, current, desired, predicted, last, need_p, need_d, corrections, reason)
     new_state = replace(state, prefill_correction=corrections[0], decode_correction=corrections[1])
     if decision.changes:

@@ -50,7 +50,7 @@ def test_role_needs_by_hand():
 
 
 def run(load: Load, current: Split, state: PlannerState | None = None, now: float = 3600.0, **config):
-    seen = Observation(load, ttft_attainment=1.0, itl_attainment=1.0)
+    seen = Observation(load, ttft_met=100, ttft_judged=100, itl_met=100, itl_judged=100)
     return decide(CONFIG.model_copy(update=config), PROFILE, current, state or PlannerState(), [seen], now)
 
 
@@ -74,20 +74,32 @@ def test_never_below_one_worker_per_role():
 
 
 def test_hysteresis_holds_a_change_that_buys_too_little():
-    # From 4P4D to 7P1D the tighter role goes from 7/4 = 1.75 to 7/7 = 1.0: a gain of 0.75.
-    held, _ = run(PROMPT_HEAVY, Split(4, 4), hysteresis=0.8)
+    # From 4P4D to 7P1D the tighter role goes from 7/4 = 1.75 to 7/7 = 1.0: 0.75 less, 0.43 of itself.
+    held, _ = run(PROMPT_HEAVY, Split(4, 4), hysteresis=0.45)
     assert held.desired == Split(4, 4) and not held.changes
-    assert "less than the hysteresis 0.80" in held.reason
-    assert run(PROMPT_HEAVY, Split(4, 4), hysteresis=0.7)[0].desired == Split(7, 1)
+    assert "less than the hysteresis (0.45 of it)" in held.reason
+    assert run(PROMPT_HEAVY, Split(4, 4), hysteresis=0.4)[0].desired == Split(7, 1)
 
 
 def test_dwell_holds_a_reversal_but_not_a_move_the_same_way():
     moved_to_prefill = PlannerState(last_change_at=3300.0, last_direction=1)
+    # Answer-heavy at 4P4D: the decodes at 23.5 / 4; 1P7D would still overload them (23.5 / 7): no reason to
+    # reverse within the dwell.
     held, state = run(ANSWER_HEAVY, Split(4, 4), moved_to_prefill)
     assert not held.changes and "dwell" in held.reason
     assert state.last_change_at == 3300.0  # a hold leaves the clock alone
     assert run(ANSWER_HEAVY, Split(4, 4), moved_to_prefill, now=3300.0 + 601)[0].desired == Split(1, 7)
     assert run(PROMPT_HEAVY, Split(4, 4), moved_to_prefill)[0].desired == Split(7, 1)  # same direction: a ramp
+
+
+def test_a_reversal_within_the_dwell_when_it_makes_an_overloaded_split_fit():
+    # 0.1 requests/s of 50 prompt and 200 answer tokens: 1 prefill; 0.1 x 200 x 0.2 / 1.7 = 2.35 decodes. At 7P1D
+    # the one decode is at 2.35; 3P5D fits (prefills 1/3, decodes 2.35/5 = 0.47).
+    light_chat = Load(requests_per_s=0.1, prompt_tokens=50, answer_tokens=200)
+    decision, state = run(light_chat, Split(7, 1), PlannerState(last_change_at=3300.0, last_direction=1))
+    assert decision.desired == Split(3, 5)
+    assert "a reversal within the dwell: 7P1D would overload its tighter role, 3P5D not" in decision.reason
+    assert state.last_direction == -1
 
 
 def test_a_steady_load_with_noise_never_flips_once_sized():
@@ -98,17 +110,25 @@ def test_a_steady_load_with_noise_never_flips_once_sized():
         assert not decision.changes, decision.reason
 
 
-def test_the_correction_rises_on_a_miss_and_decays_when_met():
-    slo = Slo(percentile=90, bound_s=1.0)
-    assert corrected(1.0, 0.7, slo, CONFIG) == pytest.approx(1.4)  # 1 x (1 + 2 x 0.2)
-    assert corrected(1.9, 0.5, slo, CONFIG) == 2.0  # capped at max_correction
-    assert corrected(1.4, 0.95, slo, CONFIG) == pytest.approx(1.2)  # halfway back to 1
-    assert corrected(1.4, None, slo, CONFIG) == 1.4  # nothing finished: nothing learnt
-    missed = Observation(PROMPT_HEAVY, ttft_attainment=0.5, itl_attainment=1.0)
+def test_the_correction_rises_on_a_miss_beyond_chance_and_decays_when_met():
+    slo = Slo(percentile=90, bound_s=1.0)  # over 100 requests, chance is 2 x sqrt(0.9 x 0.1 / 100) = 0.06
+    assert corrected(1.0, (0.7, 100), slo, CONFIG) == pytest.approx(1.14)  # 1 x (1 + 1.0 x (0.2 - 0.06))
+    assert corrected(1.4, (0.5, 100), slo, CONFIG) == 1.5  # capped at max_correction
+    assert corrected(1.4, (0.86, 100), slo, CONFIG) == 1.4  # 0.04 short: chance, left alone
+    assert corrected(1.4, (0.95, 100), slo, CONFIG) == pytest.approx(1.2)  # met: halfway back to 1
+    assert corrected(1.4, None, slo, CONFIG) == 1.4  # nothing judged: nothing learnt
+
+
+def test_the_correction_reads_settled_intervals_with_enough_requests():
+    missed = Observation(PROMPT_HEAVY, ttft_met=50, ttft_judged=100, itl_met=100, itl_judged=100)
     decision, state = decide(CONFIG, PROFILE, Split(4, 4), PlannerState(), [missed], 0.0)
-    assert decision.corrections == pytest.approx((1.8, 1.0))
-    assert decision.prefill_need == pytest.approx(7 * 1.8)
-    assert state.prefill_correction == pytest.approx(1.8)
+    assert decision.corrections == pytest.approx((1.34, 1.0))  # 0.4 short, 0.34 beyond chance
+    assert decision.prefill_need == pytest.approx(7 * 1.34)
+    assert state.prefill_correction == pytest.approx(1.34)
+    just_changed = PlannerState(last_change_at=-60.0)  # a minute ago; the window is 3 intervals of 60 s
+    assert decide(CONFIG, PROFILE, Split(4, 4), just_changed, [missed], 0.0)[0].corrections == (1.0, 1.0)
+    few = Observation(PROMPT_HEAVY, ttft_met=0, ttft_judged=10, itl_met=10, itl_judged=10)  # under min_judged
+    assert decide(CONFIG, PROFILE, Split(4, 4), PlannerState(), [few], 0.0)[0].corrections == (1.0, 1.0)
 
 
 def test_every_decision_names_its_inputs_and_reason():
