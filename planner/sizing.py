@@ -11,11 +11,11 @@ Sizing, per role, in workers:
 - decode: the largest batch b* whose step meets the ITL bound at the predicted context (and fits the KV pool); a
   request holds a slot for answer x ITL(b*); the need is those slot-seconds per second over b* x decode_utilization.
 The split minimises the tighter role's utilization (need / workers). A change is made only when it lowers that
-utilization by at least `hysteresis` of itself (a share: the same caution at 4 workers and at 128, at light load and
-overloaded), and a reversal (back toward the role the last change took workers from) only
-past the dwell time, unless the current split would overload its tighter role by more than the hysteresis and the
-new one would not: following a ramp step by step is not churn, going back and forth is, and sitting out a dwell
-overloaded when a split that fits exists is worse than either. The correction reads the attainment of the last
+utilization by at least `hysteresis` of itself (a share: the same caution at 4 workers and at 128, light or
+overloaded), and a reversal (back toward the role the last change took workers from) only past the dwell time,
+unless the current split would overload its tighter role by more than the hysteresis and the new one would not:
+following a ramp step by step is not churn, going back and forth is, and sitting out a dwell overloaded when a split
+that fits exists is worse than either. The correction reads the attainment of the last
 `correction_window` intervals together (a systematic error of the profile, not a burst's queue), once enough requests
 were judged, and only when no change happened within the last `window` intervals.
 """
