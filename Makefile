@@ -17,7 +17,7 @@ APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io deboo
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
 	bench-tracing bench-tracing-instructions bench-persistence bench-kv-handoff bench-clients bench-routing \
-	bench-routing-decision bench-routing-restarts clean
+	bench-routing-decision bench-routing-restarts profile bench-planner clean
 
 setup: system-packages venv model
 
@@ -41,7 +41,7 @@ model:
 	$(PY) scripts/build_demo_model.py --out models/tiny-llama
 	$(PY) scripts/fetch_smollm2.py --out models/smollm2-135m-instruct
 
-# Lint (ruff, the whole tree), type check (mypy: router/, bootstrap/, pdcluster/, prefill/, decode/) and the import
+# Lint (ruff, the whole tree), type check (mypy: router/, bootstrap/, pdcluster/, prefill/, decode/, planner/) and the import
 # contracts between rooms and components (import-linter), all as configured in pyproject.toml. Run first by `make test`
 # and `make quick`.
 check:
@@ -76,6 +76,16 @@ up:
 
 bench:
 	$(PY) -m bench.router
+
+# This machine's model measured into the planner's capacity profile (~7 min, under the cluster lock): one prefill and
+# one decode through the router, configs/profiles/<model>.json (MODEL=models/...: another local checkpoint).
+profile:
+	flock /tmp/pdcluster-cluster.lock $(PY) -m planner.profile --model $(or $(MODEL),models/smollm2-135m-instruct)
+
+# The planner gym (no cluster): traces replayed on the simulator at 4, 32 and 128 workers for every static split, the
+# planner and the oracle, from the committed profile: bench/results/planner.json and .png.
+bench-planner:
+	$(PY) -m bench.planner
 
 # The router's CPU per request with tracing off, on, and on with 1% of requests sampled, on fake workers (~5 min):
 # bench/results/tracing-cost.json and .png.

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PRODUCTION = ("router", "bootstrap", "pdcluster", "prefill", "decode", "prefill.py", "decode.py")
+PRODUCTION = ("router", "bootstrap", "pdcluster", "prefill", "decode", "planner", "prefill.py", "decode.py")
 MAX_LINES = 270
 # Production files allowed over the limit, each until it is split: none (an entry for a file back under the limit
 # fails too, so the list cannot go stale).

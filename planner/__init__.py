@@ -1,0 +1,7 @@
+"""The SLO planner: sizes prefill and decode to the load from one capacity model (pdcluster/common/capacity.py).
+
+What is here today: its config (config.py), the load predictors (predict.py), the pure sizing core (sizing.py), the
+profiler that measures this machine's model into a profile (profile.py, measurements.py) and the simulator its gym
+runs on (simulator.py, sim_workers.py, sim_policies.py). It imports pdcluster and no other component, and none
+imports it.
+"""
