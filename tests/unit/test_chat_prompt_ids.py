@@ -33,7 +33,7 @@ CONVERSATIONS: list[list[dict[str, Any]]] = [
 
 def needs(folder: Path) -> None:
     if not (folder / "tokenizer.json").is_file():
-        pytest.skip(f"{folder.name} is built by `make setup`")
+        pytest.fail(f"{folder.name} is missing: `make setup` builds it")
 
 
 @pytest.fixture(scope="module")
