@@ -4,11 +4,16 @@ maps), the same in the positional arrays of older SGLang, and a fake publisher (
 from __future__ import annotations
 
 import threading
+from contextlib import ExitStack
 from typing import Any
 
 import msgspec
 import zmq
 from sglang.srt.disaggregation.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+from pdcluster.common.protocol import KVEventsEndpoint, ModelIdentity, Role
+from router.fleet.workers import Worker, WorkerPool
+from tests.fakes import ServerThread
 
 PAGE = 4
 
@@ -90,3 +95,18 @@ class FakePublisher:
         self._stop.set()
         self._thread.join(5)
         self.context.destroy(linger=0)  # closes both sockets; term() alone would wait for them
+
+
+def served_pool(stack: ExitStack, prefills: list[Any], decode: Any, publishers: list[FakePublisher],
+                identity: ModelIdentity) -> WorkerPool:
+    """Fake prefills publishing their KV events (p0, p1, ...) and a fake decode (d0), each served on a thread, in a
+    pool as a registry would list them; all closed when `stack` is."""
+    stack.callback(lambda: [publisher.close() for publisher in publishers])
+    servers = [stack.enter_context(ServerThread(worker.app())) for worker in (*prefills, decode)]
+    pool = WorkerPool(admission_check=False)
+    for i, (server, publisher) in enumerate(zip(servers, publishers, strict=False)):
+        events = KVEventsEndpoint(host="127.0.0.1", port=publisher.port, replay_port=publisher.replay_port)
+        pool.workers[f"p{i}"] = Worker(f"p{i}", Role.PREFILL, server.url, "127.0.0.1", 9000 + i, identity=identity,
+                                       instance_id="i", kv_events=events)
+    pool.workers["d0"] = Worker("d0", Role.DECODE, servers[-1].url, identity=identity)
+    return pool

@@ -45,12 +45,11 @@ def system_prefix_ids(model: Path) -> list[int]:
 
 def files_a_streamed_chat_runs(model: Path) -> set[str]:
     from pdcluster.common.config_file import load_yaml
-    from pdcluster.common.protocol import KVEventsEndpoint, ModelIdentity, Role
+    from pdcluster.common.protocol import ModelIdentity
     from router.app import create_app
     from router.config import RouterConfig
-    from router.fleet.workers import Worker, WorkerPool
-    from tests.fakes import Behaviour, FakeWorker, ServerThread
-    from tests.unit.kv_event_fakes import PAGE, FakePublisher, stored
+    from tests.fakes import Behaviour, FakeWorker
+    from tests.unit.kv_event_fakes import PAGE, FakePublisher, served_pool, stored
 
     held = system_prefix_ids(model)
     assert len(held) >= 2 * CHUNK, "the system message is a few chunks long"
@@ -67,14 +66,7 @@ def files_a_streamed_chat_runs(model: Path) -> set[str]:
                                           "liveness_interval": 60, "admission_check": False})
     assert config.prefill_policy == "cache_aware", "the page walks the shipped prefill policy"
     with ExitStack() as stack:
-        stack.callback(lambda: [publisher.close() for publisher in publishers])
-        servers = [stack.enter_context(ServerThread(worker.app())) for worker in (*prefills, decode)]
-        pool = WorkerPool(admission_check=False)
-        for i, (server, publisher) in enumerate(zip(servers, publishers, strict=False)):
-            events = KVEventsEndpoint(host="127.0.0.1", port=publisher.port, replay_port=publisher.replay_port)
-            pool.workers[f"p{i}"] = Worker(f"p{i}", Role.PREFILL, server.url, "127.0.0.1", 9000 + i, identity=identity,
-                                           instance_id="i", kv_events=events)
-        pool.workers["d0"] = Worker("d0", Role.DECODE, servers[2].url, identity=identity)
+        pool = served_pool(stack, prefills, decode, publishers, identity)
         ran, counted = asyncio.run(_traced(create_app(config, pool)))
     assert counted == {"indexed": 1, "predicted": len(held)}, "the chat was routed by the KV index, to its prefix"
     got = [[body for body in worker.received if body.get("messages") == MESSAGES] for worker in prefills]

@@ -11,17 +11,16 @@ from contextlib import ExitStack
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdcluster.common.protocol import KVEventsEndpoint, ModelIdentity, Role
+from pdcluster.common.protocol import ModelIdentity
 from router.app import create_app
 from router.checks.checked import Checked
 from router.config import RouterConfig
-from router.fleet.workers import Worker, WorkerPool
 from router.kv_routing.prompt_ids import BOUNDARY_TOKENS, MAX_CHARS, PromptTokens
 from router.routing.policy import RoutingView
 from router.transport.upstream import UpstreamClient
 from tests.fakes import Behaviour, FakeWorker, ServerThread, fake_ids
 from tests.helpers import until
-from tests.unit.kv_event_fakes import PAGE, FakePublisher, stored
+from tests.unit.kv_event_fakes import PAGE, FakePublisher, served_pool, stored
 
 HUB_MODEL = "some-org/not-a-folder-here"  # what compose's GPU workers register: a hub id the router cannot read
 IDENTITY = ModelIdentity(model_path=HUB_MODEL, served_model_name="m", page_size=PAGE, kv_cache_dtype="auto",
@@ -43,14 +42,7 @@ def test_a_router_without_the_model_routes_by_a_workers_tokenizer_and_reports_it
     # p1 holds the prompt's first 12 pages; buffered, so the router's first replay brings them.
     publishers[1].publish(0, [stored(list(range(1, 13)), ids[:12 * PAGE])], live=False)
     with ExitStack() as stack:
-        stack.callback(lambda: [p.close() for p in publishers])
-        servers = [stack.enter_context(ServerThread(w.app())) for w in (*prefills, decode)]
-        pool = WorkerPool(admission_check=False)
-        for i, (server, publisher) in enumerate(zip(servers, publishers, strict=False)):
-            events = KVEventsEndpoint(host="127.0.0.1", port=publisher.port, replay_port=publisher.replay_port)
-            pool.workers[f"p{i}"] = Worker(f"p{i}", Role.PREFILL, server.url, "127.0.0.1", 9000 + i,
-                                           identity=IDENTITY, instance_id="i", kv_events=events)
-        pool.workers["d0"] = Worker("d0", Role.DECODE, servers[2].url, identity=IDENTITY)
+        pool = served_pool(stack, prefills, decode, publishers, IDENTITY)
         config = RouterConfig(bootstrap_url=None, prefill_policy="cache_aware", expose_worker_ids=True,
                               health_interval=60, liveness_interval=60, admission_check=False)
         router = stack.enter_context(ServerThread(create_app(config, pool)))
