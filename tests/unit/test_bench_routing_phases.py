@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -22,18 +23,22 @@ def answer(prefill: str, ttft: float, seconds: float, computed: int, sent: float
 def test_the_replay_sends_as_the_closed_loop_did():
     shape = Shape(tenants=2, prefix_tokens=20, question_tokens=3, requests=12, turns=3, open_chats=2)
     requests = workload(shape, seed=1)
-    seconds = [0.01 * (1 + i % 3) for i in range(len(requests))]
+    seconds = [0.1 * (1 + i % 3) for i in range(len(requests))]  # steps well above the bound below
     texts = [r.text for r in requests]
 
     async def timed(client, url, text):
+        # The answer says how long it really took, as a real one does: on a loaded machine a sleep overruns, and the
+        # replay must follow what happened, not what was asked for. What is left between the two is the event loop's
+        # own delay between one answer and the next send, hence a generous bound.
+        began = time.perf_counter()
         await asyncio.sleep(seconds[texts.index(text)])
-        return {"seconds": seconds[texts.index(text)]}
+        return {"seconds": time.perf_counter() - began}
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(load, "one", timed)
         answers = asyncio.run(load.drive("http://x", texts, 2, [r.after for r in requests]))
     replayed = routing_phases.replay(answers, [r.after for r in requests], 2)
-    assert replayed == pytest.approx([a["sent_s"] for a in answers], abs=0.008)
+    assert replayed == pytest.approx([a["sent_s"] for a in answers], abs=0.03)
     assert max(replayed) > 0 and any(r.after is not None for r in requests)
 
 
