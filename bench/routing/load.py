@@ -79,11 +79,13 @@ async def drive_open(url: str, texts: list[str], rate: float, after: list[int | 
         began = time.perf_counter()
 
         async def arrive(i: int, text: str) -> None:
-            await asyncio.sleep(max(0.0, due[i] - (time.perf_counter() - began)))
+            # the loop's clock is not perf_counter and may wake a hair early: sleep again until the arrival is due
+            while (early := due[i] - (time.perf_counter() - began)) > 0:
+                await asyncio.sleep(early)
             if (before := after[i]) is not None:
                 await answered[before].wait()
             sent = time.perf_counter() - began
-            answers[i] = {**await one(client, url, text), "sent_s": sent, "due_s": round(due[i], 3)}
+            answers[i] = {**await one(client, url, text), "sent_s": sent, "due_s": due[i]}
             answered[i].set()
         await asyncio.gather(*(arrive(i, text) for i, text in enumerate(texts)))
     return answers
