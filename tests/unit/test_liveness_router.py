@@ -156,7 +156,9 @@ def test_a_stalled_scheduler_is_ejected_though_its_http_side_answers():
 def test_workers_whose_snapshot_stands_still_but_whose_health_answers_stay_in():
     prefill = FakeWorker()
     decodes = [FreezableWorker(Behaviour(chunks=40, chunk_delay=0.1)) for _ in range(2)]
-    with pd_cluster(prefill, decodes) as url:
+    # What is under test is the snapshot standing still (stall_timeout 1.5 s): a loaded machine's slow /v1/loads
+    # answer (over FAST's 1 s) is another verdict, which ejected a worker here in a loaded run.
+    with pd_cluster(prefill, decodes, liveness_timeout=3.0) as url:
         ejected = threading.Event()
         done = threading.Event()
 
