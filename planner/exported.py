@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_latest
 
-from planner.sizing import Decision, Split, needed_workers
+from planner.sizing import Decision, Split
 
 ROLES = ("prefill", "decode")
 FLIP_RESULTS = ("accepted", "refused", "done", "failed")
@@ -44,16 +44,16 @@ class PlannerMetrics:
         for verdict in ("hold", "change"):
             self.decisions.labels(verdict)
 
-    def export(self, decision: Decision, observed: Split, reason: str) -> None:
-        """One decision's numbers; `reason` the decision's, with what act did of it."""
+    def export(self, decision: Decision, observed: Split, needed: Split, reason: str) -> None:
+        """One decision's numbers (`needed`: sizing.pool_size's); `reason` the decision's, with what act did."""
         for role, desired, have, need, correction in (
-                ("prefill", decision.desired.prefill, observed.prefill, decision.prefill_need, decision.corrections[0]),
-                ("decode", decision.desired.decode, observed.decode, decision.decode_need, decision.corrections[1])):
+                ("prefill", decision.desired.prefill, observed.prefill, needed.prefill, decision.corrections[0]),
+                ("decode", decision.desired.decode, observed.decode, needed.decode, decision.corrections[1])):
             self.desired.labels(role).set(desired)
             self.observed.labels(role).set(have)
-            self.needed.labels(role).set(needed_workers(need))
+            self.needed.labels(role).set(need)
             self.correction.labels(role).set(correction)
-        self.pool.set(needed_workers(decision.prefill_need) + needed_workers(decision.decode_need))
+        self.pool.set(needed.workers)
         load = decision.predicted
         for quantity, value in (("requests_per_s", load.requests_per_s), ("prompt_tokens", load.prompt_tokens),
                                 ("answer_tokens", load.answer_tokens)):

@@ -22,7 +22,7 @@ from planner.config import PlannerConfig
 from planner.exported import PlannerMetrics
 from planner.fleet import Row, cheapest, observed_split, read_rows, request_switch
 from planner.scrape import Scrape, Windower, parse
-from planner.sizing import Decision, Observation, PlannerState, decide
+from planner.sizing import Decision, Observation, PlannerState, decide, pool_size
 
 log = logging.getLogger("pdcluster.planner")
 HISTORY = 100  # intervals kept: more than the predictors' window and the correction's ever look at
@@ -77,7 +77,7 @@ class LivePlanner:
             reason += "; act: " + self._act(decision, rows, scrape, now)
         elif decision.changes:
             reason += "; recommend: no flip asked for"
-        self.metrics.export(decision, current, reason)
+        self.metrics.export(decision, current, pool_size(self.config, self.profile, decision), reason)
         log.info(decision.log_line(reason))
         return decision
 

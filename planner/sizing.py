@@ -187,9 +187,15 @@ def best_split(workers: int, need_p: float, need_d: float, current: Split) -> Sp
                key=lambda s: (utilization(s, need_p, need_d), abs(s.prefill - current.prefill)))
 
 
-def needed_workers(need: float) -> int:
-    """Workers of one role that hold a need (never fewer than one): what a pool scaled by Kubernetes should give it."""
-    return max(1, math.ceil(need - 1e-9))
+POOL_CAP = 4096  # the most prefills pool_size() considers
+
+
+def pool_size(config: PlannerConfig, profile: Profile, decision: Decision) -> Split:
+    """Workers per role the decision's predicted load needs at the SLOs, with its corrections, whatever the fleet
+    has now (a decision's prefill need stops counting at the fleet's size; this one does not), at least one each:
+    what a pool scaled by Kubernetes should be."""
+    need_p = prefill_need(profile, decision.predicted, config.ttft, POOL_CAP) * decision.corrections[0]
+    return Split(max(1, math.ceil(need_p - 1e-9)), max(1, math.ceil(decision.decode_need - 1e-9)))
 
 
 def utilization(split: Split, need_p: float, need_d: float) -> float:
