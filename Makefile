@@ -72,7 +72,8 @@ test-compose:
 	$(PY) -m pytest tests/compose
 
 up:
-	$(PY) -m pdcluster.local --config configs/local.yaml $(if $(MODEL),--model $(MODEL))
+	$(PY) -m pdcluster.local --config configs/local.yaml $(if $(MODEL),--model $(MODEL)) \
+		$(if $(PLANNER),--planner configs/planner.yaml)
 
 bench:
 	$(PY) -m bench.router

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,8 @@ import httpx
 import pytest
 
 from pdcluster.common.protocol import Role
+from pdcluster.local.cluster import LocalCluster
+from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from planner.config import PlannerConfig
 from planner.exported import PlannerMetrics
 from planner.live import LivePlanner
@@ -26,6 +29,7 @@ from planner.scrape import Windower, parse, within
 from planner.sizing import Split
 from router.fleet.workers import Worker, WorkerPool
 from router.metrics import RouterMetrics
+from tests.helpers import free_port, until
 from tests.unit.test_planner_simulator import PROFILE
 from tests.unit.test_planner_sizing import CONFIG
 
@@ -297,3 +301,34 @@ def test_dry_run_validates_the_config_and_profile_and_prints_no_token():
 
 def test_the_planner_config_keeps_its_defaults_in_the_file():
     assert PlannerConfig.from_file("configs/planner.yaml").port == 9300
+
+
+def test_the_local_launcher_starts_the_planner_with_its_clusters_urls_and_it_serves_its_metrics(tmp_path):
+    """`make up PLANNER=1`: pdcluster.local's own command for the planner, run; with no router to read, it logs a
+    skipped interval and still serves its metrics; SIGTERM stops it cleanly."""
+    port = free_port()
+    spec = LocalSpec(bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=free_port()),
+                     router=ComponentSpec(config="configs/router.yaml", port=free_port()),
+                     prefill=WorkerGroupSpec(config="x", count=0, first_port=1024),
+                     decode=WorkerGroupSpec(config="x", count=0, first_port=1024),
+                     planner=ComponentSpec(config="configs/planner.yaml", port=port))
+    cluster = LocalCluster(spec, tmp_path)
+    process = cluster.processes["planner"]
+    assert process.command[1:] == ["-m", "planner", "--config", "configs/planner.yaml", "--host", "127.0.0.1",
+                                   "--port", str(port), "--router-url", spec.router_url,
+                                   "--bootstrap-url", spec.bootstrap_url]
+    process.start()
+    try:
+        assert until(lambda: _metrics(port), timeout=60, interval=0.2), process.tail()
+        assert 'pdcluster_planner_flips_total{result="refused"} 0.0' in (_metrics(port) or "")
+        assert until(lambda: "skipped an interval" in process.tail(), timeout=30, interval=0.2), process.tail()
+    finally:
+        process.signal(signal.SIGTERM)
+        assert process.popen is not None and process.popen.wait(timeout=30) == 0, process.tail()
+
+
+def _metrics(port: int) -> str | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return None
