@@ -1,5 +1,6 @@
 """`python -m planner [--config configs/planner.yaml] [--host H] [--port P] [--mode recommend|act] [--dry-run]`:
-the live planner (planner/live.py), one decision per interval, its metrics on its own port (/metrics)."""
+the live planner (planner/live.py), one decision per interval, its metrics on its own port (/metrics; /health for
+the probes)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,39 @@ import argparse
 import logging
 import signal
 import sys
+import threading
+from collections.abc import Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from pdcluster.common.config_file import fail, load_model
 from pdcluster.common.logs import setup_logging
 
 
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # a line per scrape is noise
+
+
+def serve(host: str, port: int, registry: CollectorRegistry) -> WSGIServer:
+    """/metrics (and any other path: prometheus_client's app) and /health, in a daemon thread."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/health":
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok\n"]
+        return metrics(environ, start_response)
+
+    server = make_server(host, port, app, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="planner-metrics", daemon=True).start()
+    return server
+
+
 def main(argv: list[str] | None = None) -> int:
     import httpx
-    from prometheus_client import start_http_server
     from pydantic import ValidationError
 
     from pdcluster.common.capacity import Profile
@@ -42,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         print(config.model_dump_json(indent=2, exclude={"token"}))
         return 0
     setup_logging("planner", config.log_level)
-    server, _ = start_http_server(config.port, config.host, registry=(planner := LivePlanner(
-        config, profile, httpx.Client(timeout=10))).metrics.registry)
+    planner = LivePlanner(config, profile, httpx.Client(timeout=10))
+    server = serve(config.host, config.port, planner.metrics.registry)
     stopping = False
 
     def on_signal(_sig: int, _frame: object) -> None:

@@ -321,6 +321,8 @@ def test_the_local_launcher_starts_the_planner_with_its_clusters_urls_and_it_ser
     try:
         assert until(lambda: _metrics(port), timeout=60, interval=0.2), process.tail()
         assert 'pdcluster_planner_flips_total{result="refused"} 0.0' in (_metrics(port) or "")
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        assert (health.status_code, health.text) == (200, "ok\n")
         assert until(lambda: "skipped an interval" in process.tail(), timeout=30, interval=0.2), process.tail()
     finally:
         process.signal(signal.SIGTERM)
