@@ -11,9 +11,11 @@ counted, and no flip is asked for again within the dwell time. In mode `recommen
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -21,7 +23,7 @@ from pdcluster.common.capacity import Profile
 from planner.config import PlannerConfig
 from planner.exported import PlannerMetrics
 from planner.fleet import Row, cheapest, observed_split, read_rows, request_switch
-from planner.scrape import Scrape, Windower, parse
+from planner.scrape import Scrape, Windower, merged, parse
 from planner.sizing import Decision, Observation, PlannerState, decide, pool_size
 
 log = logging.getLogger("pdcluster.planner")
@@ -33,6 +35,22 @@ class Flip:
     worker_id: str
     to: str
     asked_at: float
+
+
+def router_urls(router_url: str) -> list[str]:
+    """The router URL once per address its name resolves to (IPv4 when it has any, so that a dual-stack name is not
+    counted twice): a headless Service or compose's --scale names every router, and each counts its own requests."""
+    parts = urlsplit(router_url.rstrip("/"))
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return [router_url.rstrip("/")]
+    v4 = sorted({str(info[4][0]) for info in infos if info[0] == socket.AF_INET})
+    addresses = v4 or sorted({f"[{info[4][0]}]" for info in infos if info[0] == socket.AF_INET6})
+    if len(addresses) <= 1:
+        return [router_url.rstrip("/")]
+    return [f"{parts.scheme}://{address}:{port}" for address in addresses]
 
 
 class LivePlanner:
@@ -48,19 +66,22 @@ class LivePlanner:
         self.no_flip_before = -float("inf")
         self.started = clock()
 
-    def read_router(self) -> Scrape:
-        response = self.client.get(f"{self.config.router_url.rstrip('/')}/metrics")
-        response.raise_for_status()
-        return parse(response.text)
+    def read_routers(self) -> dict[str, Scrape]:
+        scrapes = {}
+        for url in router_urls(self.config.router_url):
+            response = self.client.get(f"{url}/metrics")
+            response.raise_for_status()
+            scrapes[url] = parse(response.text)
+        return scrapes
 
     def step(self) -> Decision | None:
         """One interval: None on the first (its scrape is the baseline the next one is differenced with) and when
         the fleet has not one worker of each role to split."""
         now = self.clock()
-        scrape, rows = self.read_router(), read_rows(self.client, self.config.bootstrap_url)
+        scrapes, rows = self.read_routers(), read_rows(self.client, self.config.bootstrap_url)
         interval = self.config.interval_s if self.last_scrape_at is None else now - self.last_scrape_at
         self.last_scrape_at = now
-        observation = self.windower.observe(scrape, interval)
+        observation = self.windower.observe(scrapes, interval)
         if observation is None:
             log.info("planner: baseline scrape taken; the first decision comes after one interval")
             return None
@@ -74,7 +95,7 @@ class LivePlanner:
                                       now - self.started)
         reason = decision.reason
         if decision.changes and self.config.mode == "act":
-            reason += "; act: " + self._act(decision, rows, scrape, now)
+            reason += "; act: " + self._act(decision, rows, merged(scrapes.values()), now)
         elif decision.changes:
             reason += "; recommend: no flip asked for"
         self.metrics.export(decision, current, pool_size(self.config, self.profile, decision), reason)

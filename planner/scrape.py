@@ -2,17 +2,19 @@
 prometheus_client's own parser into one Scrape, and two scrapes' difference into one interval's Observation (the
 sizing core's input, planner/sizing.py).
 
-Counters and histograms are cumulative: an interval is the difference between two scrapes (a counter that went
-down is a restarted router, whose new count is the interval's). SLO attainment comes from the histograms: the
-requests within a bound are the bucket counts at or below it, linearly interpolated inside the bucket that holds it
-(what Prometheus' histogram_quantile assumes too). Request rate: answers with a 2xx status; mean lengths: the usage
-the router read from answers (pdcluster_router_usage_*), kept from the last interval that had some.
+Counters and histograms are cumulative: an interval is the difference between two scrapes of each router (every
+address the router URL's name resolves to: behind a headless Service or compose's --scale, several), summed over
+them (a counter that went down is a restarted router, whose new count is the interval's). SLO attainment comes from
+the histograms: the requests within a bound are the bucket counts at or below it, linearly interpolated inside the
+bucket that holds it (what Prometheus' histogram_quantile assumes too). Request rate: answers with a 2xx status; mean
+lengths: the usage the router read from answers (pdcluster_router_usage_*), kept from the last interval with some.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -68,14 +70,51 @@ def parse(text: str) -> Scrape:
     return out
 
 
-def _delta(now: float, before: float) -> float:
-    return now if now < before else now - before  # went down: the router restarted and counts from zero
+@dataclass
+class Counts:
+    """What one interval added to the cumulative series, over one or several routers."""
+
+    ttft: Buckets = field(default_factory=dict)
+    itl: Buckets = field(default_factory=dict)
+    answered_ok: float = 0.0
+    usage_answers: float = 0.0
+    prompt_tokens: float = 0.0
+    completion_tokens: float = 0.0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(_add(self.ttft, other.ttft), _add(self.itl, other.itl), self.answered_ok + other.answered_ok,
+                      self.usage_answers + other.usage_answers, self.prompt_tokens + other.prompt_tokens,
+                      self.completion_tokens + other.completion_tokens)
 
 
-def _bucket_delta(now: Buckets, before: Buckets) -> Buckets:
-    if any(now.get(le, 0.0) < count for le, count in before.items()):  # a restarted router: all of now is new
-        return dict(now)
-    return {le: count - before.get(le, 0.0) for le, count in now.items()}
+def _add(a: Buckets, b: Buckets) -> Buckets:
+    return {le: a.get(le, 0.0) + b.get(le, 0.0) for le in a.keys() | b.keys()}
+
+
+def counts_since(now: Scrape, before: Scrape) -> Counts:
+    """One router's interval; a series that went down is a restarted router, whose counts are all the interval's."""
+    restarted = now.answered_ok < before.answered_ok or now.usage_answers < before.usage_answers or any(
+        now.ttft.get(le, 0.0) < count for le, count in before.ttft.items()) or any(
+        now.itl.get(le, 0.0) < count for le, count in before.itl.items())
+    if restarted:
+        before = Scrape()
+    return Counts({le: c - before.ttft.get(le, 0.0) for le, c in now.ttft.items()},
+                  {le: c - before.itl.get(le, 0.0) for le, c in now.itl.items()},
+                  now.answered_ok - before.answered_ok, now.usage_answers - before.usage_answers,
+                  now.prompt_tokens - before.prompt_tokens, now.completion_tokens - before.completion_tokens)
+
+
+def merged(scrapes: Iterable[Scrape]) -> Scrape:
+    """Several routers' per-worker gauges as one: requests in flight and queued work add up; the KV index pages are
+    each router's own index of the same prefill: the largest."""
+    out = Scrape()
+    for scrape in scrapes:
+        for mine, theirs in ((out.in_flight, scrape.in_flight), (out.queued_tokens, scrape.queued_tokens)):
+            for key, value in theirs.items():
+                mine[key] = mine.get(key, 0.0) + value
+        for key, value in scrape.kv_pages.items():
+            out.kv_pages[key] = max(out.kv_pages.get(key, 0.0), value)
+    return out
 
 
 def within(buckets: Buckets, bound: float) -> tuple[int, int]:
@@ -97,26 +136,30 @@ def within(buckets: Buckets, bound: float) -> tuple[int, int]:
 
 @dataclass
 class Windower:
-    """Turns successive scrapes into intervals' Observations; remembers the last mean lengths seen, so that an
-    interval whose answers carried no usage keeps the last known lengths instead of zeros."""
+    """Turns successive scrapes of the routers (by address: each router's counters are its own) into intervals'
+    Observations; remembers the last mean lengths seen, so that an interval whose answers carried no usage keeps the
+    last known lengths instead of zeros."""
 
     ttft_bound_s: float
     itl_bound_s: float
-    last: Scrape | None = None
+    last: dict[str, Scrape] | None = None
     prompt_tokens: float = 0.0
     answer_tokens: float = 0.0
 
-    def observe(self, scrape: Scrape, interval_s: float) -> Observation | None:
-        """The interval since the previous scrape (None for the first one: nothing to difference it with)."""
-        before, self.last = self.last, scrape
+    def observe(self, scrapes: dict[str, Scrape], interval_s: float) -> Observation | None:
+        """The interval since the previous scrapes (None for the first: nothing to difference them with). A router
+        seen for the first time only sets its baseline; one gone takes its last interval with it."""
+        before, self.last = self.last, dict(scrapes)
         if before is None:
             return None
-        answers = _delta(scrape.usage_answers, before.usage_answers)
-        if answers > 0:
-            self.prompt_tokens = _delta(scrape.prompt_tokens, before.prompt_tokens) / answers
-            self.answer_tokens = _delta(scrape.completion_tokens, before.completion_tokens) / answers
-        arrivals = _delta(scrape.answered_ok, before.answered_ok)
-        ttft_met, ttft_judged = within(_bucket_delta(scrape.ttft, before.ttft), self.ttft_bound_s)
-        itl_met, itl_judged = within(_bucket_delta(scrape.itl, before.itl), self.itl_bound_s)
-        load = Load(arrivals / interval_s if interval_s > 0 else 0.0, self.prompt_tokens, self.answer_tokens)
+        total = Counts()
+        for source, scrape in scrapes.items():
+            if source in before:
+                total = total + counts_since(scrape, before[source])
+        if total.usage_answers > 0:
+            self.prompt_tokens = total.prompt_tokens / total.usage_answers
+            self.answer_tokens = total.completion_tokens / total.usage_answers
+        ttft_met, ttft_judged = within(total.ttft, self.ttft_bound_s)
+        itl_met, itl_judged = within(total.itl, self.itl_bound_s)
+        load = Load(total.answered_ok / interval_s if interval_s > 0 else 0.0, self.prompt_tokens, self.answer_tokens)
         return Observation(load, ttft_met=ttft_met, ttft_judged=ttft_judged, itl_met=itl_met, itl_judged=itl_judged)

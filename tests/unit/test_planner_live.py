@@ -24,8 +24,8 @@ from pdcluster.local.cluster import LocalCluster
 from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from planner.config import PlannerConfig
 from planner.exported import PlannerMetrics
-from planner.live import LivePlanner
-from planner.scrape import Windower, parse, within
+from planner.live import LivePlanner, router_urls
+from planner.scrape import Windower, merged, parse, within
 from planner.sizing import Split
 from router.fleet.workers import Worker, WorkerPool
 from router.metrics import RouterMetrics
@@ -256,16 +256,35 @@ def test_scrape_reads_the_routers_series_and_windows_them():
     assert before.answered_ok == 10 and before.usage_answers == 10 and before.prompt_tokens == 1000
     assert before.in_flight[url("p1")] == 4 and before.queued_tokens[url("p1")] == 700 and before.kv_pages["p1"] == 12
     windows = Windower(ttft_bound_s=2.0, itl_bound_s=0.15)
-    assert windows.observe(before, 60) is None
+    assert windows.observe({"a": before}, 60) is None
     cluster.serve(30, prompt=300, answer=10, ttft=5.0, itl=0.1)
-    seen = windows.observe(parse(cluster.metrics.render().decode()), 60)
+    seen = windows.observe({"a": parse(cluster.metrics.render().decode())}, 60)
     assert seen is not None
     assert (seen.load.requests_per_s, seen.load.prompt_tokens, seen.load.answer_tokens) == (0.5, 300, 10)
     assert (seen.ttft_met, seen.ttft_judged, seen.itl_met, seen.itl_judged) == (0, 30, 30, 30)
-    restarted = FakeCluster({"p1": "prefill", "d1": "decode"})  # a new router counts from zero
+    # Router a restarts (counts from zero) and router b appears (its first scrape is only its baseline).
+    restarted, other = FakeCluster({"p1": "prefill", "d1": "decode"}), FakeCluster({"p1": "prefill", "d1": "decode"})
     restarted.serve(3, prompt=100, answer=5)
-    seen = windows.observe(parse(restarted.metrics.render().decode()), 60)
+    other.serve(50, prompt=100, answer=5)
+    scrapes = {"a": parse(restarted.metrics.render().decode()), "b": parse(other.metrics.render().decode())}
+    seen = windows.observe(scrapes, 60)
     assert seen is not None and seen.load.requests_per_s == pytest.approx(3 / 60) and seen.ttft_judged == 3
+    # Both routers count the next interval: their answers add up.
+    restarted.serve(6, prompt=100, answer=5, ttft=1.0)
+    other.serve(12, prompt=400, answer=5, ttft=9.0)
+    scrapes = {"a": parse(restarted.metrics.render().decode()), "b": parse(other.metrics.render().decode())}
+    seen = windows.observe(scrapes, 60)
+    assert seen is not None and seen.load.requests_per_s == pytest.approx(18 / 60)
+    assert seen.load.prompt_tokens == pytest.approx((6 * 100 + 12 * 400) / 18)
+    assert (seen.ttft_met, seen.ttft_judged) == (6, 18)
+    gauges = merged([parse(cluster.metrics.render().decode()), parse(cluster.metrics.render().decode())])
+    assert gauges.in_flight[url("p1")] == 8 and gauges.kv_pages["p1"] == 12  # in flight adds up; an index is one
+
+
+def test_router_urls_are_one_per_address_of_the_name():
+    assert router_urls("http://127.0.0.1:8000/") == ["http://127.0.0.1:8000"]
+    assert router_urls("http://localhost:8000") == ["http://localhost:8000"]  # ::1 and 127.0.0.1: one router
+    assert router_urls("http://no-such-host.invalid:8000") == ["http://no-such-host.invalid:8000"]
 
 
 def test_within_interpolates_inside_the_bucket_that_holds_the_bound():
