@@ -125,6 +125,8 @@ def test_the_first_step_is_a_baseline_then_each_interval_decides():
     cluster = FakeCluster(PROMPT_HEAVY_2P2D)
     live, clock = planner(cluster)
     assert live.step() is None
+    # No decision yet: no needed workers exported (an autoscaler keeps its replicas rather than read a 0).
+    assert sample(live, "pdcluster_planner_needed_workers", role="prefill") is None
     decision = interval(live, clock, cluster)
     assert decision is not None and decision.current == Split(2, 2) and decision.desired == Split(3, 1)
     assert decision.predicted.requests_per_s == pytest.approx(1.0)
