@@ -10,7 +10,6 @@ simulator counts it), so that a decision in the meantime does not ask for the sa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
@@ -27,7 +26,7 @@ class Row:
     role: str  # the registration's
     url: str
     serving: bool  # healthy, compatible and not taken out by an operator
-    switch: dict[str, Any] | None = None
+    switch: dict[str, object] | None = None
 
     @property
     def switching(self) -> bool:
