@@ -1,6 +1,6 @@
 # The README's commands. `make setup` prepares a fresh machine, `make test` runs every test, `make up` runs the
 # local cluster on SmolLM2-135M-Instruct (`make up MODEL=models/tiny-llama`: on the demo model, or any other local
-# Hugging Face checkpoint or hub id).
+# Hugging Face checkpoint or hub id; `make up PLANNER=1`: with the SLO planner, configs/planner.yaml).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -72,7 +72,8 @@ test-compose:
 	$(PY) -m pytest tests/compose
 
 up:
-	$(PY) -m pdcluster.local --config configs/local.yaml $(if $(MODEL),--model $(MODEL))
+	$(PY) -m pdcluster.local --config configs/local.yaml $(if $(MODEL),--model $(MODEL)) \
+		$(if $(PLANNER),--planner configs/planner.yaml)
 
 bench:
 	$(PY) -m bench.router

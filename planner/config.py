@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pdcluster.common.config_file import load_yaml
+from pdcluster.common.config_file import load_yaml, secret_or_env
 
 
 class _Strict(BaseModel):
@@ -59,6 +59,15 @@ class PlannerConfig(_Strict):
     # Where the live planner reads the load (the router's metrics) and the workers (the registry).
     router_url: str = "http://127.0.0.1:8000"
     bootstrap_url: str = "http://127.0.0.1:8998"
+    # Its own /metrics (python -m planner): loopback unless said otherwise, like every port but the router's.
+    host: str = "127.0.0.1"
+    port: int = Field(default=9300, ge=1, le=65535)
+    # The bootstrap service's shared secret, sent on a flip (PDCLUSTER_TOKEN when unset); never printed.
+    token: str | None = None
+    log_level: str = "info"
+
+    def resolved_token(self) -> str | None:
+        return secret_or_env(self.token, "PDCLUSTER_TOKEN")
 
     @classmethod
     def from_file(cls, path: str | Path) -> PlannerConfig:

@@ -101,8 +101,8 @@ class Decision:
     def changes(self) -> bool:
         return self.desired != self.current
 
-    def log_line(self) -> str:
-        """The decision as one log line: the inputs, then the verdict."""
+    def log_line(self, reason: str | None = None) -> str:
+        """The decision as one log line: the inputs, then the verdict (`reason`: the decision's, with more said)."""
         load = self.predicted
         seen = self.observed
         attained = ("" if seen is None else
@@ -110,7 +110,7 @@ class Decision:
         return (f"planner at={self.at:.0f}s split={self.current} desired={self.desired} "
                 f"predicted rps={load.requests_per_s:.3f} prompt={load.prompt_tokens:.0f} "
                 f"answer={load.answer_tokens:.0f}{attained} need={self.prefill_need:.2f}P/{self.decode_need:.2f}D "
-                f"corrections={self.corrections[0]:.2f}/{self.corrections[1]:.2f} reason={self.reason!r}")
+                f"corrections={self.corrections[0]:.2f}/{self.corrections[1]:.2f} reason={reason or self.reason!r}")
 
 
 def _share(value: float | None) -> str:
@@ -185,6 +185,17 @@ def best_split(workers: int, need_p: float, need_d: float, current: Split) -> Sp
         return current
     return min((Split(p, workers - p) for p in range(1, workers)),
                key=lambda s: (utilization(s, need_p, need_d), abs(s.prefill - current.prefill)))
+
+
+POOL_CAP = 4096  # the most prefills pool_size() considers
+
+
+def pool_size(config: PlannerConfig, profile: Profile, decision: Decision) -> Split:
+    """Workers per role the decision's predicted load needs at the SLOs, with its corrections, whatever the fleet
+    has now (a decision's prefill need stops counting at the fleet's size; this one does not), at least one each:
+    what a pool scaled by Kubernetes should be."""
+    need_p = prefill_need(profile, decision.predicted, config.ttft, POOL_CAP) * decision.corrections[0]
+    return Split(max(1, math.ceil(need_p - 1e-9)), max(1, math.ceil(decision.decode_need - 1e-9)))
 
 
 def utilization(split: Split, need_p: float, need_d: float) -> float:

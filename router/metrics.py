@@ -36,12 +36,15 @@ _GAUGES: list[tuple[str, str, Literal["livesum", "livemin", "livemax"]]] = [  # 
     ("pdcluster_router_worker_in_flight", "Requests in flight per worker", "livesum"),
     ("pdcluster_router_worker_healthy", "1 if the worker gets traffic", "livemin"),
     ("pdcluster_router_breaker_state", "0 closed, 1 half-open, 2 open", "livemax"),
+    # The planner's input (planner/): a prefill's queued work, the prompt tokens it will still compute.
+    ("pdcluster_router_worker_queued_tokens", "Prompt tokens booked on a worker's unanswered prefill halves that it "
+     "will compute (not hold cached)", "livesum"),
 ]
 
 
-def _pool_values(pool: WorkerPool) -> Iterator[tuple[list[str], tuple[int, int, int]]]:
+def _pool_values(pool: WorkerPool) -> Iterator[tuple[list[str], tuple[int, int, int, int]]]:
     for w in list(pool.workers.values()):
-        yield [w.url, w.role.value], (w.in_flight, 1 if w.healthy else 0, int(w.breaker.state))
+        yield [w.url, w.role.value], (w.in_flight, 1 if w.healthy else 0, int(w.breaker.state), w.pending_work_tokens)
 
 
 class _PoolCollector(Collector):
@@ -104,6 +107,11 @@ class RouterMetrics:
         self.spans_dropped = Counter(
             "pdcluster_router_spans_dropped", "Spans the router dropped (router/tracing/export.py): its exporter "
             "process was behind or gone, and the pipe to it full", registry=r)
+        self.usage_tokens = _Labelled(Counter(
+            "pdcluster_router_usage_tokens", "Tokens of the answers whose usage the router read (native answers, "
+            "OpenAI ones with usage), by kind (prompt, completion): the planner's mean lengths", ["kind"], registry=r))
+        self.usage_answers = Counter("pdcluster_router_usage_answers", "Answers (items of a batch) whose usage "
+                                     "pdcluster_router_usage_tokens counted", registry=r)
         self._kv_metrics(r)
         self.pool = pool
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -158,12 +166,20 @@ class RouterMetrics:
             events = [e for e in answer.split(b"\n\n") if b"cached_tokens" in e]
             answer = events[-1] if events else b""
         found = cached_tokens(answer)
+        self._count_usage(answer)
         for tier, count in found.items():
             self.cached_tokens.labels(tier).inc(count)
         if predicted is not None and "total" in found:  # an OpenAI answer without SGLang's cache report: no count
             self.prediction.labels("predicted").inc(predicted)
             self.prediction.labels("actual").inc(found["total"])
             self.prediction_miss.observe(predicted - found["total"])
+
+    def _count_usage(self, answer: bytes) -> None:
+        completions = [int(n) for n in _COMPLETION.findall(answer)]
+        if completions:
+            self.usage_answers.inc(len(completions))
+            self.usage_tokens.labels("completion").inc(sum(completions))
+            self.usage_tokens.labels("prompt").inc(sum(int(n) for n in _PROMPT.findall(answer)))
 
     def stream_ended(self, route: str | None, first_at: float, events: int) -> None:
         """A delivered stream whose first event came at `first_at` (monotonic) and that sent `events` events, its
@@ -195,6 +211,8 @@ class RouterMetrics:
 
 _TOTAL = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _DETAILS = re.compile(rb'"cached_tokens_details"\s*:\s*\{([^}]*)\}')
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _TIER = re.compile(rb'"(device|host|storage)"\s*:\s*(\d+)')
 
 

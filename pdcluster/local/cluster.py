@@ -1,9 +1,10 @@
 """The whole cluster on one machine: bootstrap service, N prefills, M decodes and the router as child processes.
 
 `make up` runs it; the end-to-end tests drive the same class. Every component is started through its public entry
-point (`python -m bootstrap`, `python -m prefill`, `python -m decode`, `python -m router`), which a checkout and an
-installed wheel both have. Relative paths (the spec's configs and log_dir, the model paths in the workers' configs)
-are relative to the directory the cluster is started from, as for each component's own command.
+point (`python -m bootstrap`, `python -m prefill`, `python -m decode`, `python -m router`, and with a `planner` in
+the spec `python -m planner`), which a checkout and an installed wheel both have. Relative paths (the spec's configs
+and log_dir, the model paths in the workers' configs) are relative to the directory the cluster is started from, as
+for each component's own command.
 
 Once the cluster is ready, `supervise()` starts a thread that restarts any component that exits without being asked
 to, with the backoff of pdcluster/local/restarts.py (1 s, doubling, capped at 30 s; a crash loop is reported and held at
@@ -33,7 +34,7 @@ from pdcluster.common.config_file import ConfigError, fail, load_model
 from pdcluster.local.models import model_args
 from pdcluster.local.process import Process
 from pdcluster.local.restarts import RestartPolicy
-from pdcluster.local.spec import LocalSpec
+from pdcluster.local.spec import ComponentSpec, LocalSpec
 
 
 @dataclass(eq=False)  # hashable: supervising clusters are kept in a WeakSet
@@ -64,6 +65,10 @@ class LocalCluster:
                                       "--port", str(s.decode.first_port + i)])
         self._add("router", [py, "-m", "router", "--config", s.router.config, "--host", s.router.host,
                              "--port", s.router_url.rsplit(":", 1)[1], "--bootstrap-url", s.bootstrap_url])
+        if s.planner is not None:
+            self._add("planner", [py, "-m", "planner", "--config", s.planner.config, "--host", s.planner.host,
+                                  *(["--port", str(s.planner.port)] if s.planner.port else []),
+                                  "--router-url", s.router_url, "--bootstrap-url", s.bootstrap_url])
 
     def _add(self, name: str, command: list[str]) -> None:
         self.processes[name] = Process(name, command, self.log_dir / f"{name}.log", policy=self.policy)
@@ -214,10 +219,14 @@ def hold_pid(pid: int) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pdcluster.local", description="Run the whole cluster locally.")
     parser.add_argument("--config", default="configs/local.yaml")
+    parser.add_argument("--planner", metavar="CONFIG", help="start the SLO planner too, with this config (e.g. "
+                                                            "configs/planner.yaml)")
     parser.add_argument("--model", help="serve this model instead of the worker configs' (a local Hugging Face "
                                         "checkpoint, e.g. models/tiny-llama, or a hub id on a connected machine)")
     args = parser.parse_args(argv)
     spec = load_model(LocalSpec, args.config, {}, prog="pdcluster.local")
+    if args.planner:
+        spec.planner = ComponentSpec(config=args.planner)
     if args.model:
         for group in (spec.prefill, spec.decode):
             group.args += model_args(args.model)
@@ -233,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    print(f"starting bootstrap, {spec.prefill.count} prefill, {spec.decode.count} decode and the router "
+    print(f"starting bootstrap, {spec.prefill.count} prefill, {spec.decode.count} decode, the router"
+          f"{' and the planner' if spec.planner else ''} "
           f"(logs in {cluster.log_dir}) ...", flush=True)
     cluster.start()
     try:

@@ -33,6 +33,7 @@ class LocalSpec(BaseModel):
     router: ComponentSpec
     prefill: WorkerGroupSpec
     decode: WorkerGroupSpec
+    planner: ComponentSpec | None = None  # the SLO planner (`make up PLANNER=1`); None: not started
     log_dir: str = "logs"
     ready_timeout: float = 600.0
 

@@ -28,7 +28,7 @@ COMPOSE_FILE = REPO / "docker-compose.yml"
 GPU_WORKERS = {"prefill": "prefill.py", "decode": "decode.py"}
 CPU_WORKERS = {"prefill-cpu": "prefill.py", "decode-cpu": "decode.py"}
 WORKERS = {**GPU_WORKERS, **CPU_WORKERS}
-CONTROL = {"bootstrap", "router"}
+CONTROL = {"bootstrap", "router", "planner"}
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -110,7 +110,8 @@ def test_topology_scales_and_splits_gpu_from_cpu(compose):
             assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
         else:
             assert extra == "cpu" and "deploy" not in service, f"{name} needs no GPU"
-            assert service.get("profiles") == (["cpu"] if name in CPU_WORKERS else None), name
+            profiles = ["cpu"] if name in CPU_WORKERS else ["planner"] if name == "planner" else None
+            assert service.get("profiles") == profiles, name
         if name != "bootstrap":
             assert service["depends_on"] == {"bootstrap": {"condition": "service_healthy"}}, name
         if name == "router":
@@ -225,6 +226,9 @@ def test_every_service_command_dry_runs(compose, demo_model, monkeypatch):
         out = results[name]["stdout"]
         assert "--model-path models/smollm2-135m-instruct" in out and "--device cpu" in out, out
         assert "--dtype float32" in out, out
+    planner = json.loads(results["planner"]["stdout"])
+    assert (planner["host"], planner["router_url"], planner["bootstrap_url"], planner["mode"]) == (
+        "0.0.0.0", "http://router:8000", "http://bootstrap:8998", "recommend")
     router = json.loads(results["router"]["stdout"])
     assert (router["host"], router["port"], router["bootstrap_url"]) == ("0.0.0.0", 8000, "http://bootstrap:8998")
     assert results["router"]["served"] == []

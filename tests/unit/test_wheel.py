@@ -29,7 +29,7 @@ from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["pdcluster-prefill", "pdcluster-decode", "pdcluster-router", "pdcluster-bootstrap", "pdcluster-local",
-           "pdcluster-kvstore"]
+           "pdcluster-kvstore", "pdcluster-planner"]
 # What a fresh clone has besides the sources: never part of a build.
 NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "models", "logs", "kv-cache", "build", "dist", "*.egg-info",
                                      "__pycache__", ".pytest_cache")

@@ -63,6 +63,11 @@ VARIANTS: dict[str, dict] = {
     "persistence-perpod": {"persistence": {"enabled": True, "mode": "perPod", "storageClassName": "fast"}},
     "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
     "3p5d": {"prefill": {"replicas": 3}, "decode": {"replicas": 5}},
+    "planner": {"planner": {"enabled": True, "config": {"mode": "act"}},
+                "metrics": {"serviceMonitor": {"enabled": True}}},
+    "planner-keda": {"planner": {"enabled": True, "autoscaling": {"enabled": True, "maxReplicas": 6}}},
+    "planner-hpa": {"planner": {"enabled": True, "autoscaling": {"enabled": True, "kind": "hpa"}},
+                    "persistence": {"enabled": True, "mode": "perPod"}},
     "cpu-everything": deep_merge(CPU, API_KEY, {
         "secrets": {"existingSecret": "pdcluster-managed"},
         "persistence": {"enabled": True, "existingClaim": "shared-kv"},

@@ -20,8 +20,8 @@ def test_lint_strict_passes(variant):
 
 
 def test_every_manifest_validates_against_kubernetes_schemas_strictly(rendered, monkeypatch):
-    """Strict: an unknown or misspelled field is an error too. The one custom resource, ServiceMonitor, has no schema
-    there: test_service_monitor_selects_the_metrics_ports checks it."""
+    """Strict: an unknown or misspelled field is an error too. The custom resources have no schema there:
+    test_service_monitor_selects_the_metrics_ports checks the ServiceMonitor, test_planner.py KEDA's ScaledObject."""
     from kubernetes_validate import utils
 
     # validate() parses its schema files (1.2 MB of definitions) again for every manifest: once is enough here.
@@ -30,7 +30,7 @@ def test_every_manifest_validates_against_kubernetes_schemas_strictly(rendered, 
     for variant, docs in rendered.items():
         for doc in docs:
             kinds.add(doc["kind"])
-            if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            if doc["apiVersion"].startswith(("monitoring.coreos.com/", "keda.sh/")):
                 continue
             try:
                 kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
@@ -38,7 +38,8 @@ def test_every_manifest_validates_against_kubernetes_schemas_strictly(rendered, 
                 path = ".".join(map(str, exc.path))
                 pytest.fail(f"{variant}: {doc['kind']}/{doc['metadata']['name']}: {path}: {exc.message}")
     assert kinds == {"ConfigMap", "Secret", "ServiceAccount", "Service", "Deployment", "StatefulSet",
-                     "PodDisruptionBudget", "Ingress", "PersistentVolumeClaim", "ServiceMonitor", "Pod"}
+                     "PodDisruptionBudget", "Ingress", "PersistentVolumeClaim", "ServiceMonitor", "Pod",
+                     "ScaledObject", "HorizontalPodAutoscaler"}
 
 
 @pytest.mark.parametrize(("values", "complaint"), [
@@ -59,6 +60,9 @@ def test_every_manifest_validates_against_kubernetes_schemas_strictly(rendered, 
     # Set per pod by the chart: one value for every replica would be wrong.
     ({"decode": {"config": {"cluster": {"advertise_host": "10.0.0.1"}}}}, "'advertise_host' not allowed"),
     ({"prefill": {"shmSize": "lots"}}, "/prefill/shmSize"),
+    ({"planner": {"config": {"mode": "flip"}}}, "/planner/config/mode"),
+    ({"planner": {"config": {"token": "t"}}}, "'token' not allowed"),
+    ({"planner": {"autoscaling": {"kind": "vpa"}}}, "/planner/autoscaling/kind"),
 ])
 def test_values_schema_rejects_typos_and_bad_types(chart, values, complaint):
     with pytest.raises(helm.HelmValuesError) as caught:
@@ -71,6 +75,7 @@ def test_values_schema_follows_the_config_models():
     identity): a field added to a model without the schema fails here, not in a user's install."""
     from bootstrap.config import BootstrapConfig
     from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
+    from planner.config import PlannerConfig
     from router.config import RouterConfig, StaticWorker, StoreConfig
 
     schema = json.loads((CHART / "values.schema.json").read_text())
@@ -79,6 +84,7 @@ def test_values_schema_follows_the_config_models():
     kv_object = next(s for s in definitions["kvStore"]["anyOf"] if s.get("type") == "object")
     assert set(props["bootstrap"]["properties"]["config"]["properties"]) == (
         set(BootstrapConfig.model_fields) - {"token"})
+    assert set(props["planner"]["properties"]["config"]["properties"]) == set(PlannerConfig.model_fields) - {"token"}
     assert set(props["router"]["properties"]["config"]["properties"]) == (
         set(RouterConfig.model_fields) - {"api_key", "bootstrap_token"})
     assert set(props["router"]["properties"]["config"]["properties"]["store"]["properties"]) == (

@@ -101,7 +101,7 @@ def test_pods_have_no_api_access_and_run_unprivileged(rendered):
             root = variant == "rdma" and name in WORKERS  # rdma.runAsRoot: IPC_LOCK needs root
             assert spec["securityContext"]["runAsNonRoot"] is not root, f"{variant}: {name}"
             assert (spec["securityContext"]["runAsUser"] == 0) is root, f"{variant}: {name}"
-            if name in ("bootstrap", "router"):
+            if name in ("bootstrap", "router", "planner"):
                 assert security["readOnlyRootFilesystem"] is True
                 assert {"name": "tmp", "mountPath": "/tmp"} in ctr["volumeMounts"]
 

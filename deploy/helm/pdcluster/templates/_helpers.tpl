@@ -68,6 +68,19 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- toYaml (merge (deepCopy (.Values.router.config | default dict)) $defaults) -}}
 {{- end -}}
 
+{{/* The planner reads every router through a headless Service (one DNS answer per ready router pod: each counts its
+own requests) and the registry through the bootstrap Service. */}}
+{{- define "pdcluster.plannerConfig" -}}
+{{- $routers := printf "http://%s.%s.svc:%d" (include "pdcluster.componentName" (dict "root" . "component" "router-pods")) .Release.Namespace (int (include "pdcluster.routerConfig" . | fromYaml).port) -}}
+{{- $defaults := dict "host" "0.0.0.0" "port" 9300 "router_url" $routers "bootstrap_url" (include "pdcluster.bootstrapURL" .) -}}
+{{- toYaml (merge (deepCopy (.Values.planner.config | default dict)) $defaults) -}}
+{{- end -}}
+
+{{/* Whether KEDA or an HPA owns the workers' replica counts. */}}
+{{- define "pdcluster.autoscaled" -}}
+{{- if and .Values.planner.enabled .Values.planner.autoscaling.enabled -}}true{{- end -}}
+{{- end -}}
+
 {{/* (dict "root" $ "role" "prefill") -> the worker's config file. rdma.enabled selects Mooncake's RDMA transport. */}}
 {{- define "pdcluster.workerConfig" -}}
 {{- $root := .root -}}
