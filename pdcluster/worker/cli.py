@@ -65,10 +65,13 @@ def run_plan(plan: LaunchPlan) -> int:
 
     role = plan.role
     log.info("starting SGLang %s%s: %s", role.value, " (CPU profile)" if plan.cpu else "", plan.describe())
-    registrar = Registrar(plan) if plan.cluster.bootstrap_url else None
+    supervisor: Supervisor | None = None
+    registrar = Registrar(plan, restart=lambda: supervisor.restart() if supervisor else None) \
+        if plan.cluster.bootstrap_url else None
     env = {**plan.env, **registrar.child_env()} if registrar else plan.env
     supervisor = Supervisor(plan.command, env, plan.cluster.resolved_grace_period(),
-                            on_stop=registrar.leave_pools if registrar else lambda: None)
+                            on_stop=registrar.leave_pools if registrar else lambda: None,
+                            on_restart=registrar.adopt if registrar else lambda proc: None)
     code = supervisor.run(while_running=registrar.start if registrar else None)
     if registrar:
         registrar.stop()
