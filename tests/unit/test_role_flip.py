@@ -36,6 +36,9 @@ from tests.unit.test_bootstrap_service import registration
 from tests.unit.test_worker_plan import argv_value, plan
 
 
+NOT_IDLE = "instance is not idle; drain all requests before switching"  # SGLang 0.5.23's words
+
+
 class FakeSGLang:
     """SGLang's HTTP side as a flip meets it: `busy` "not idle" answers first, then `outcome` (ok, refused, half)."""
 
@@ -60,10 +63,10 @@ class FakeSGLang:
             self.asked.append(body)
             answer = {"old_role": self.role, "new_role": body["new_role"], "safe_to_restore": True}
             if self.busy > 0:
-                self.busy -= 1 if not body["prepare_only"] else 0 if len(self.asked) < 3 else 1
-                return answer | {"success": False, "message": "instance is not idle; drain all requests before switching"}
+                self.busy -= 1
+                return answer | {"success": False, "message": NOT_IDLE}
             if self.outcome == "refused":
-                return answer | {"success": False, "message": "staging buffer is not supported with runtime role switch"}
+                return answer | {"success": False, "message": "staging buffer is not supported with role switch"}
             if body["prepare_only"]:
                 return answer | {"success": True, "message": "ready"}
             if self.outcome == "half":
