@@ -35,7 +35,6 @@ from tests.helpers import until
 from tests.unit.test_bootstrap_service import registration
 from tests.unit.test_worker_plan import argv_value, plan
 
-
 NOT_IDLE = "instance is not idle; drain all requests before switching"  # SGLang 0.5.23's words
 
 
