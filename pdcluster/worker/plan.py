@@ -155,6 +155,8 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     final_env, env_added = environment.sglang_env(cluster, ns, advertise, cores, stored, cpu_env if cpu else None, env)
     final_env.update(traced_env)  # SGLang reads the protocol from this variable only: the setting decides it
     env_added.update(traced_env)
+    for key, value in switching.ENV.items() if switchable else ():
+        env_added[key] = final_env.setdefault(key, value)
     registration = build_registration(role, cluster, ns, advertise, kv_bootstrap_port, checks.capabilities(ns, cpu))
     registration.kv_events, registration.switch_enabled = kv_events, switchable
     flip = None

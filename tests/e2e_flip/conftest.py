@@ -21,7 +21,7 @@ from pdcluster.local.cluster import LocalCluster
 from pdcluster.local.models import DEMO_ARGS
 from pdcluster.local.spec import ComponentSpec, LocalSpec, WorkerGroupSpec
 from tests.e2e.reference import ReferenceModel
-from tests.helpers import CLUSTER_POLL, start_cluster, until, worker_id
+from tests.helpers import CLUSTER_POLL, start_cluster, until, worker_id, worker_url
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "models" / "tiny-llama"
@@ -104,10 +104,18 @@ def all_serving(router: httpx.Client, registry: httpx.Client, ids: dict[str, str
         not any(w["unusable"] for w in workers.values())
 
 
+def kv_in_use(cluster: LocalCluster) -> dict[str, int]:
+    """Per worker, the KV tokens SGLang's scheduler holds (a finished request's cached prefix is not counted)."""
+    return {name: sum(load["num_used_tokens"] for load in httpx.get(f"{worker_url(cluster, name)}/v1/loads", params={
+        "include": "core"}, timeout=10).json()["loads"]) for name in WORKERS}
+
+
 @pytest.fixture(autouse=True)
-def as_found(router, registry, ids):
-    """Every test starts on, and leaves, the cluster as it was started (a flipped worker flipped back)."""
+def as_found(flip_cluster, router, registry, ids):
+    """Every test starts on, and leaves, the cluster as it was started (a flipped worker flipped back), with no KV
+    held at rest: a flip leaks none."""
     assert until(lambda: all_serving(router, registry, ids), 120, CLUSTER_POLL), router.get("/ready").json()
     yield
     assert until(lambda: all_serving(router, registry, ids), 120, CLUSTER_POLL), (
         f"the test left the cluster changed: roles {roles(registry)}, router {router.get('/ready').json()}")
+    assert until(lambda: set(kv_in_use(flip_cluster).values()) == {0}, 60, CLUSTER_POLL), kv_in_use(flip_cluster)
