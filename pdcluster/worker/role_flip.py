@@ -17,6 +17,7 @@ command is unchanged, registered as a new instance, and the failure says so.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -124,8 +125,8 @@ class RoleFlip:
         raise FlipFailed(f"SGLang did not answer /health within {HEALTH_TIMEOUT:.0f}s of its switch", restore=True)
 
     def _register_as(self, role: Role) -> None:
-        """Registered anew, as a new instance, on the next heartbeat (the registry ends the flip when the role is the
-        new one)."""
+        """Registered anew, as a new instance (the registry ends the flip when the role is the new one); if the
+        bootstrap service cannot be reached now, the next heartbeat registers it."""
         registrar = self.registrar
         flip = registrar.plan.flip
         assert flip is not None  # a worker that is not switch-enabled is refused before anything changes
@@ -133,6 +134,8 @@ class RoleFlip:
             registrar.registration = registration_as(role, registrar.registration, flip).model_copy(
                 update={"instance_id": uuid.uuid4().hex})
             registrar.registered = False
+            with contextlib.suppress(httpx.HTTPError):
+                registrar._register()
 
     def _restore(self, reason: str) -> str:
         """SGLang restarted in its old role and registered again once it serves; the reason, saying so."""
