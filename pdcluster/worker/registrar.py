@@ -27,7 +27,6 @@ from pdcluster.common import otel
 from pdcluster.common.protocol import KVStoreMembership, Role, RoleSwitch
 from pdcluster.kvstore.secret_proof import MEMBERSHIP_ENV
 from pdcluster.worker.plan import LaunchPlan
-from pdcluster.worker.role_flip import RoleFlip
 
 log = logging.getLogger("pdcluster.worker")
 
@@ -55,10 +54,9 @@ def forward_tokens(server_info: dict, context_length: int | None) -> int | None:
 
 class Registrar:
     def __init__(self, plan: LaunchPlan, probe_timeout: float = HEALTH_PROBE_TIMEOUT,
-                 restart: Callable[[], None] = lambda: None):
-        """`restart`: SGLang stopped and started again with its launch command (Supervisor.restart): how a role flip
-        that failed half-way puts the worker back in its old role."""
-        self.plan, self.probe_timeout, self.restart = plan, probe_timeout, restart
+                 on_flip: Callable[[RoleSwitch], None] = lambda order: None):
+        """`on_flip`: carries out a role flip the registry orders (pdcluster/worker/role_flip.py, wired by cli.py)."""
+        self.plan, self.probe_timeout, self.on_flip = plan, probe_timeout, on_flip
         self._flips_seen: set[float] = set()  # the flips taken on (by their start), so each runs once
         self.registration = plan.registration
         token = plan.cluster.resolved_token()
@@ -256,8 +254,8 @@ class Registrar:
             self._stop.wait(self.plan.cluster.heartbeat_interval)
 
     def _take_flip(self, response: httpx.Response) -> None:
-        """A heartbeat's answer names the role flip the registry wants of this worker (bootstrap/switch.py): carried
-        out in a thread of its own (pdcluster/worker/role_flip.py), once."""
+        """A heartbeat's answer names the role flip the registry wants of this worker (bootstrap/switch.py): handed
+        to `on_flip` once."""
         try:
             order = response.json().get("switch")
             flip = RoleSwitch.model_validate(order) if order is not None and self.plan.flip is not None else None
@@ -265,4 +263,4 @@ class Registrar:
             return
         if flip is not None and flip.started not in self._flips_seen:
             self._flips_seen.add(flip.started)
-            RoleFlip(self, flip, self.restart).start()
+            self.on_flip(flip)

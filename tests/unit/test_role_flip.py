@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 
 import httpx
 import psutil
@@ -78,13 +79,15 @@ class FakeSGLang:
         return app
 
 
-def launcher(service_url: str, sglang_url: str, restarts: list[int]) -> Registrar:
+def launcher(service_url: str, sglang_url: str, restart: Callable[[], None]) -> Registrar:
     reg = registration("p1", "prefill", switch_enabled=True, url=sglang_url, instance_id="first")
     flip = switching.FlipPlan("127.0.0.1", 8999, KVEventsEndpoint(host="127.0.0.1", port=5557, replay_port=5558))
     plan = LaunchPlan(Role.PREFILL, ["sglang"], {}, {}, ClusterSettings(bootstrap_url=service_url,
                       heartbeat_interval=0.1, health_interval=0.2, ready_timeout=20),
                       WorkerRegistration.model_validate(reg | {"kv_events": flip.kv_events.model_dump()}), True, flip)
-    return Registrar(plan, probe_timeout=2.0, restart=lambda: restarts.append(1))
+    registrar = Registrar(plan, probe_timeout=2.0, on_flip=lambda order: role_flip.RoleFlip(
+        registrar, order, restart).start())  # as pdcluster/worker/cli.py wires it
+    return registrar
 
 
 def row_of(url: str, worker_id: str) -> dict:
@@ -101,8 +104,12 @@ def flip(fake: FakeSGLang, on_restart=None) -> tuple[dict, list[int], float]:
             ServerThread(fake.app()) as sglang:
         for row in (registration("p2", "prefill", switch_enabled=True), registration("d1", "decode")):
             httpx.put(f"{service.url}/v1/workers/{row['worker_id']}", json=row)
-        worker = launcher(service.url, sglang.url, restarts)
-        worker.restart = lambda: (restarts.append(1), on_restart and on_restart())  # type: ignore[func-returns-value]
+        def restart() -> None:  # what Supervisor.restart would do, told to the test
+            restarts.append(1)
+            if on_restart is not None:
+                on_restart()
+
+        worker = launcher(service.url, sglang.url, restart)
         worker.start()
         try:
             assert until(lambda: row_of(service.url, "p1")["registration"].get("instance_id") == "first")
