@@ -1,6 +1,6 @@
 """`python -m bootstrap [--config configs/bootstrap.yaml]` runs the service; `python -m bootstrap status` lists it;
 `python -m bootstrap drain WORKER_ID` takes a worker out of the routers' pools without stopping it, and `resume
-WORKER_ID` puts it back."""
+WORKER_ID` puts it back; `switch WORKER_ID --to prefill|decode [--wait SECONDS]` flips its role live."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ def main(argv: list[str] | None = None) -> int:
     from bootstrap.config import BootstrapConfig
 
     parser = argparse.ArgumentParser(prog="python -m bootstrap")
-    parser.add_argument("command", nargs="?", choices=["serve", "status", "drain", "resume"], default="serve")
-    parser.add_argument("worker_id", nargs="?", help="for drain and resume: the worker's id (see status)")
+    parser.add_argument("command", nargs="?", choices=["serve", "status", "drain", "resume", "switch"], default="serve")
+    parser.add_argument("worker_id", nargs="?", help="for drain, resume, switch: the worker's id (see status)")
+    parser.add_argument("--to", choices=["prefill", "decode"], help="for switch: the worker's new role")
+    parser.add_argument("--wait", type=float, default=180.0, help="for switch: seconds to follow the flip")
     parser.add_argument("--config", help="YAML file with the bootstrap service's settings")
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
-    parser.add_argument("--url", help="for status, drain, resume: the service's URL (default: from the config)")
+    parser.add_argument("--url", help="for status, drain, resume, switch: the service's URL (default: from the config)")
     parser.add_argument("--dry-run", action="store_true", help="validate the config, print it, and exit")
     args = parser.parse_args(argv)
     config = load_model(BootstrapConfig, args.config, {"host": args.host, "port": args.port}, prog="bootstrap")
@@ -37,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.worker_id:
             parser.error(f"{args.command} needs a worker id")
         return set_draining(url, args.worker_id, args.command == "drain", config.resolved_token())
+    if args.command == "switch":
+        from bootstrap.status import switch_role
+
+        if not args.worker_id or not args.to:
+            parser.error("switch needs a worker id and --to prefill|decode")
+        return switch_role(url, args.worker_id, args.to, config.resolved_token(), args.wait)
 
     import uvicorn
 

@@ -1,7 +1,7 @@
 """HTTP API of the bootstrap service.
 
-Writes (PUT /v1/workers/{id}, POST .../heartbeat, DELETE, POST and DELETE .../drain) need the shared token when one
-is configured.
+Writes (PUT /v1/workers/{id}, POST .../heartbeat, DELETE, POST and DELETE .../drain, POST .../switch and
+.../switch/progress) need the shared token when one is configured.
 GET /v1/workers lists the registry; with `?wait_version=N` it answers as soon as the version differs from N
 (or after `timeout` seconds), which is how the router follows changes within a fraction of a second.
 """
@@ -17,18 +17,29 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from bootstrap.config import BootstrapConfig
 from bootstrap.registry import Refused, Registry
+from bootstrap.switch import SwitchRefused
 from pdcluster.common.http import (
     ApiError,
     check_bearer,
+    error_body,
     first_validation_problem,
     install_error_handlers,
     read_json_object,
 )
-from pdcluster.common.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration, from_newer
+from pdcluster.common.protocol import (
+    Heartbeat,
+    Role,
+    SwitchProgress,
+    SwitchRequest,
+    WorkerListing,
+    WorkerRegistration,
+    from_newer,
+)
 
 MAX_WAIT_SECONDS = 30.0
 log = logging.getLogger("pdcluster.bootstrap")
@@ -44,6 +55,7 @@ def create_app(config: BootstrapConfig, shutting_down: Callable[[], bool] = lamb
     app.state.registry = registry
     install_error_handlers(app)
     _add_worker_routes(app, registry, token, _body_parser(token, config))
+    _add_switch_routes(app, registry, _body_parser(token, config))
     _add_listing_route(app, registry)
     return app
 
@@ -128,7 +140,8 @@ def _add_worker_routes(app: FastAPI, registry: Registry, token: str | None, pars
         beat = await parse(request, Heartbeat, newer_ok=True)
         if not await registry.heartbeat(worker_id, beat):
             raise ApiError(404, f"worker {worker_id} is not registered")
-        return {"ok": True}
+        order = registry.switch_order(worker_id)  # how its launcher learns of a flip (pdcluster/worker/role_flip.py)
+        return {"ok": True, **({"switch": order.model_dump(mode="json")} if order else {})}
 
     @app.post("/v1/workers/{worker_id}/drain")
     async def drain(worker_id: str, request: Request) -> dict:
@@ -147,13 +160,42 @@ def _add_worker_routes(app: FastAPI, registry: Registry, token: str | None, pars
         return {"ok": True}
 
 
-
 async def _set_draining(registry: Registry, token: str | None, worker_id: str, request: Request,
                         draining: bool) -> dict:
     check_bearer(request, token)
     if not await registry.set_draining(worker_id, draining):
         raise ApiError(404, f"worker {worker_id} is not registered")
     return {"worker_id": worker_id, "draining": draining}
+
+
+def _add_switch_routes(app: FastAPI, registry: Registry, parse: Parse) -> None:
+    """A role flip (bootstrap/switch.py): asked by an operator or a planner, carried out by the worker's launcher."""
+
+    @app.post("/v1/workers/{worker_id}/switch", status_code=202, response_model=None)
+    async def switch(worker_id: str, request: Request) -> dict | JSONResponse:
+        """Accepted (202): the worker drains now; the listing's `switch` says how the flip goes on and ends. Refused
+        (409) before anything changes, with a stable code in the error body's `refusal`."""
+        wanted = await parse(request, SwitchRequest)
+        status = next((row for row in registry.listing().workers if row.registration.worker_id == worker_id), None)
+        try:
+            flip = await registry.request_switch(worker_id, wanted.to)
+        except SwitchRefused as exc:
+            log.warning("flip of %s to %s refused: %s", worker_id, wanted.to.value, exc)
+            body = error_body(409, str(exc), "to" if exc.code == "same_role" else None)
+            body["error"]["refusal"] = exc.code
+            return JSONResponse(body, status_code=409)
+        if flip is None or status is None:
+            raise ApiError(404, f"worker {worker_id} is not registered")
+        log.warning("flipping %s from %s to %s: draining", worker_id, status.registration.role.value, flip.to.value)
+        return {"worker_id": worker_id, "from": status.registration.role.value, "to": flip.to.value,
+                "state": flip.state}
+
+    @app.post("/v1/workers/{worker_id}/switch/progress")
+    async def progress(worker_id: str, request: Request) -> dict:
+        report = await parse(request, SwitchProgress, newer_ok=True)
+        if not await registry.switch_progress(worker_id, report.state, report.reason):
+            raise ApiError(404, f"worker {worker_id} has no flip running")
+        return {"ok": True}
 
 
 def _add_listing_route(app: FastAPI, registry: Registry) -> None:

@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import time
 
-from pdcluster.common.protocol import Heartbeat, Role, WorkerListing, WorkerRegistration, WorkerStatus
+from bootstrap import switch as flips
+from pdcluster.common.protocol import Heartbeat, Role, RoleSwitch, WorkerListing, WorkerRegistration, WorkerStatus
 
 
 def incompatibility(worker: WorkerRegistration, others: list[WorkerRegistration]) -> str:
@@ -58,6 +59,7 @@ class Registry:
         self.version = int(self.started * 1000)
         self._workers: dict[str, WorkerStatus] = {}
         self._draining: set[str] = set()  # worker ids an operator took out of the pools (kept across re-registering)
+        self._switches: dict[str, RoleSwitch] = {}  # each worker's last role flip (bootstrap/switch.py)
         self._changed = asyncio.Condition()
 
     async def _bump(self) -> None:
@@ -77,6 +79,9 @@ class Registry:
             registration=registration, healthy=True, registered_at=previous.registered_at if previous else now,
             last_heartbeat=now,
         )
+        flip = self._switches.get(registration.worker_id)
+        if flip is not None and flips.running(flip) and registration.role is flip.to:
+            self._switches[registration.worker_id] = flips.advanced(flip, "done")  # re-registered: the flip is over
         await self._bump()
         return next(row for row in self.listing().workers if row.registration.worker_id == registration.worker_id)
 
@@ -102,8 +107,38 @@ class Registry:
     async def deregister(self, worker_id: str) -> bool:
         if self._workers.pop(worker_id, None) is None:
             return False
+        self._end_flip(worker_id, "the worker left the registry during the flip")
         await self._bump()
         return True
+
+    async def request_switch(self, worker_id: str, to: Role) -> RoleSwitch | None:
+        """Start flipping `worker_id` to `to` (it drains at once); None if it is not registered. Raises
+        flips.SwitchRefused, changing nothing, when it may not flip now."""
+        if worker_id not in self._workers:
+            return None
+        flips.check_switch(worker_id, to, self._workers, self._switches, self._draining)
+        self._switches[worker_id] = flips.begin(to)
+        await self._bump()
+        return self._switches[worker_id]
+
+    def switch_order(self, worker_id: str) -> RoleSwitch | None:
+        """The flip `worker_id`'s launcher is to carry out (its heartbeat's answer says it), if one is running."""
+        flip = self._switches.get(worker_id)
+        return flip if flips.running(flip) else None
+
+    async def switch_progress(self, worker_id: str, state: str, reason: str) -> bool:
+        """Its launcher says how far the flip got (switching, or failed and why); False if none is running."""
+        flip = self._switches.get(worker_id)
+        if flip is None or not flips.running(flip):
+            return False
+        self._switches[worker_id] = flips.advanced(flip, state, reason)
+        await self._bump()
+        return True
+
+    def _end_flip(self, worker_id: str, reason: str) -> None:
+        flip = self._switches.get(worker_id)
+        if flip is not None and flips.running(flip):
+            self._switches[worker_id] = flips.advanced(flip, "failed", reason)
 
     def forgive(self, seconds: float) -> None:
         """Time during which this service did not run (a stopped or starved process) counts against no worker: their
@@ -116,7 +151,11 @@ class Registry:
         dead = [wid for wid, status in self._workers.items() if status.last_heartbeat < cutoff]
         for wid in dead:
             del self._workers[wid]
-        if dead:
+            self._end_flip(wid, "the worker's heartbeats stopped during the flip")
+        overdue = [wid for wid, flip in self._switches.items() if flips.overdue(flip, time.time())]
+        for wid in overdue:
+            self._end_flip(wid, f"its launcher did not end the flip within {flips.SWITCH_DEADLINE:.0f}s")
+        if dead or overdue:
             await self._bump()
 
     def listing(self, role: Role | None = None, model: str | None = None) -> WorkerListing:
@@ -125,8 +164,9 @@ class Registry:
         for status in self._workers.values():
             reg = status.registration
             others = [o for o in regs if o.role is not reg.role]
-            row = status.model_copy(update={"incompatible": incompatibility(reg, others),
-                                            "draining": reg.worker_id in self._draining})
+            flip = self._switches.get(reg.worker_id)
+            row = status.model_copy(update={"incompatible": incompatibility(reg, others), "switch": flip,
+                                            "draining": reg.worker_id in self._draining or flips.running(flip)})
             if (role is None or reg.role is role) and (model is None or model in (
                     reg.identity.served_model_name, reg.identity.model_path)):
                 rows.append(row)

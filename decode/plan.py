@@ -12,6 +12,7 @@ from typing import Any
 
 from pdcluster.common.config_file import ConfigError
 from pdcluster.common.protocol import Role
+from pdcluster.worker import switching
 from pdcluster.worker.options import SGLangOptions
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
 
@@ -37,8 +38,7 @@ KV_STORE_FLAGS = {
 
 
 def check_options(options: SGLangOptions) -> None:
-    if options.is_set("disaggregation_bootstrap_port"):
-        raise ConfigError("disaggregation-bootstrap-port is a prefill option: a decode learns it per request")
+    switching.check_decode_port(options)
 
 
 def kv_store_flags(kv: KVStoreSettings, device_flags: dict[str, Any]) -> dict[str, Any]:

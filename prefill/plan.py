@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from pdcluster.common.config_file import ConfigError
-from pdcluster.common.protocol import BOOTSTRAP_SERVICE_PORT, Role
+from pdcluster.common.protocol import Role
 from pdcluster.kvstore import wiring
 from pdcluster.worker import checks
 from pdcluster.worker.options import SGLangOptions
@@ -65,18 +65,5 @@ def check_kv_store(ns: argparse.Namespace) -> None:
 
 
 def kv_bootstrap_port(options: SGLangOptions, ns: argparse.Namespace, cluster: ClusterSettings) -> int:
-    """The port of this prefill's SGLang KV bootstrap server: the configured one, checked, or else the first free one
-    from `cluster.kv_bootstrap_port_base` up, set in `options`. Never the bootstrap service's port (8998)."""
-    if options.is_set("disaggregation_bootstrap_port"):
-        port = ns.disaggregation_bootstrap_port
-        if port in (BOOTSTRAP_SERVICE_PORT, ns.port):
-            raise ConfigError(f"disaggregation-bootstrap-port {port} collides with the "
-                              f"{'bootstrap service' if port == BOOTSTRAP_SERVICE_PORT else 'HTTP port'}")
-        checks.check_port_free(ns.host, port, "SGLang KV bootstrap")
-        return port
-    base = cluster.kv_bootstrap_port_base
-    for port in range(base, base + 200):
-        if port not in (BOOTSTRAP_SERVICE_PORT, ns.port) and checks.port_is_free(ns.host, port):
-            options.set_value("disaggregation-bootstrap-port", port)
-            return port
-    raise ConfigError(f"no free port for the SGLang KV bootstrap server in {base}-{base + 199}")
+    """The port of this prefill's SGLang KV bootstrap server (pdcluster/worker/checks.py: `kv_bootstrap_port`)."""
+    return checks.kv_bootstrap_port(options, ns, cluster)

@@ -45,6 +45,9 @@ ORDER: list[tuple[str, bool]] = [
     # SmolLM2 through one prefill and one decode (~3 GB each), package-scoped.
     ("e2e_smollm2", True),
     ("e2e_smollm2/test_pinned.py", True),  # leaves both workers pinned to a core each: the suite's last test
+    # Live role flips: tiny-llama, 2 prefills + 1 decode, every worker switch-enabled (package-scoped); the planner's
+    # tests of real flips join this cluster.
+    ("e2e_flip", True),
     # No SGLang process, no Docker: fakes, in-process servers, dry runs, the wheel (`make quick` runs these alone).
     # Between the clusters only because that is where they have always run; memory does not care.
     ("unit", False),

@@ -7,9 +7,8 @@ except SGLang's own HTTP API, which the router passes through.
 
 from __future__ import annotations
 
-import types
 from enum import Enum
-from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,6 +19,8 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+
+from pdcluster.common.newer import from_newer  # noqa: F401 - where every reader of a message imports it from
 
 BOOTSTRAP_SERVICE_PORT = 8998
 
@@ -144,6 +145,8 @@ class WorkerRegistration(WorkerFacts):
     # None: the worker keeps no KV on disk (or is an older launcher, which says nothing of it).
     kv_store: KVStoreMembership | None = None
     kv_events: KVEventsEndpoint | None = None  # None: it publishes none (a decode, or turned off)
+    # Started with SGLang's --enable-pd-role-switch: its role can be flipped live (`python -m bootstrap switch`).
+    switch_enabled: bool = False
 
     RENAMED: ClassVar[dict[str, str]] = {"bootstrap_host": "kv_bootstrap_host", "bootstrap_port": "kv_bootstrap_port"}
 
@@ -179,6 +182,32 @@ class Heartbeat(_Strict):
     detail: str = ""
 
 
+SwitchState = Literal["draining", "switching", "done", "failed"]
+
+
+class RoleSwitch(_Strict):
+    """A worker's role flip (bootstrap/switch.py): drained, then switched by its launcher, then registered anew
+    under its new role (done), or given up with the reason (failed). Times are the registry's clock."""
+
+    to: Role
+    state: SwitchState
+    reason: str = ""
+    started: float  # asked for: the drain starts
+    switching_at: float | None = None  # SGLang idle: its launcher asks it to switch
+    ended: float | None = None
+
+
+class SwitchRequest(_Strict):
+    to: Role
+
+
+class SwitchProgress(_Strict):
+    """A launcher's word on the flip it carries out (its end, `done`, is its registration under the new role)."""
+
+    state: Literal["switching", "failed"]
+    reason: str = Field(default="", max_length=2000)
+
+
 class WorkerStatus(_Strict):
     """One row of the bootstrap service's listing."""
 
@@ -193,6 +222,7 @@ class WorkerStatus(_Strict):
     # what it has, but gets no new request until `resume`. Survives the worker's re-registration, not a restart of
     # the bootstrap service.
     draining: bool = False
+    switch: RoleSwitch | None = None  # its last role flip, running or ended; None: never flipped
 
 
 class WorkerListing(_Strict):
@@ -225,40 +255,3 @@ class ErrorBody(BaseModel):
     """The JSON body of every error the router and the bootstrap service answer with (OpenAI's shape)."""
 
     error: ErrorDetail
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The message models a field holds: itself, or inside a list or an optional."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    if get_origin(annotation) in (list, Union, types.UnionType):
-        return [m for arg in get_args(annotation) for m in _models_in(arg)]
-    return []
-
-
-def _known(model: type[BaseModel], data: Any, where: str, dropped: list[str]) -> Any:
-    if not isinstance(data, dict):
-        return data
-    kept = {}
-    renamed = model.RENAMED if issubclass(model, _Strict) else {}
-    for key, value in data.items():
-        field = model.model_fields.get(renamed.get(key) or key)
-        if field is None:
-            dropped.append(f"{where}{key}")
-            continue
-        for inner in _models_in(field.annotation):  # one level of message nesting per model (no unions of models)
-            value = ([_known(inner, v, f"{where}{key}[].", dropped) for v in value] if isinstance(value, list)
-                     else _known(inner, value, f"{where}{key}.", dropped))
-        kept[key] = value
-    return kept
-
-
-def from_newer(model: type[M], data: Any) -> tuple[M, list[str]]:
-    """Validate a message that a newer version of pdcluster may have sent: the fields this version does not know
-    are dropped (and returned, for a log line); everything it knows is checked as strictly as by model_validate.
-    So the bootstrap service, the router and the launchers can be upgraded in any order."""
-    dropped: list[str] = []
-    return model.model_validate(_known(model, data, "", dropped)), sorted(set(dropped))

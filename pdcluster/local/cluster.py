@@ -61,8 +61,13 @@ class LocalCluster:
                                        "--disaggregation-bootstrap-port", str(s.prefill.first_kv_bootstrap_port + i),
                                        "--cluster", f"kv_events_port_base={s.prefill.first_kv_events_port + 2 * i}"])
         for i in range(s.decode.count):
+            # A switch-enabled decode runs a KV bootstrap server and KV events too: the ports after the prefills',
+            # so that workers starting together never pick the same one.
+            j = s.prefill.count + i
             self._add(f"decode-{i}", [py, "-m", "decode", "--config", s.decode.config, *s.decode.args, *cluster,
-                                      "--port", str(s.decode.first_port + i)])
+                                      "--port", str(s.decode.first_port + i),
+                                      "--cluster", f"kv_bootstrap_port_base={s.prefill.first_kv_bootstrap_port + j}",
+                                      "--cluster", f"kv_events_port_base={s.prefill.first_kv_events_port + 2 * j}"])
         self._add("router", [py, "-m", "router", "--config", s.router.config, "--host", s.router.host,
                              "--port", s.router_url.rsplit(":", 1)[1], "--bootstrap-url", s.bootstrap_url])
         if s.planner is not None:

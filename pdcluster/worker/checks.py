@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pdcluster.common.config_file import ConfigError
-from pdcluster.common.protocol import WorkerCapabilities
+from pdcluster.common.protocol import BOOTSTRAP_SERVICE_PORT, WorkerCapabilities
 from pdcluster.kvstore import wiring
+from pdcluster.worker.options import SGLangOptions
 from pdcluster.worker.settings import ClusterSettings
 
 # Hugging Face hub ids look like "org/name"; anything else is taken as a local path.
@@ -128,3 +129,22 @@ def capabilities(ns: argparse.Namespace, cpu: bool) -> WorkerCapabilities:
                           f"intel_xpu, none of which runs on a CPU)")
     return WorkerCapabilities(tool_call_parser=ns.tool_call_parser, reasoning_parser=ns.reasoning_parser,
                               deterministic_inference=deterministic)
+
+
+def kv_bootstrap_port(options: SGLangOptions, ns: argparse.Namespace, cluster: ClusterSettings) -> int:
+    """The port of the worker's SGLang KV bootstrap server (a prefill's; a switch-enabled decode's): the configured
+    one, checked, or else the first free one from `cluster.kv_bootstrap_port_base` up, set in `options`. Never the
+    bootstrap service's port (8998)."""
+    if options.is_set("disaggregation_bootstrap_port"):
+        port = ns.disaggregation_bootstrap_port
+        if port in (BOOTSTRAP_SERVICE_PORT, ns.port):
+            raise ConfigError(f"disaggregation-bootstrap-port {port} collides with the "
+                              f"{'bootstrap service' if port == BOOTSTRAP_SERVICE_PORT else 'HTTP port'}")
+        check_port_free(ns.host, port, "SGLang KV bootstrap")
+        return port
+    base = cluster.kv_bootstrap_port_base
+    for port in range(base, base + 200):
+        if port not in (BOOTSTRAP_SERVICE_PORT, ns.port) and port_is_free(ns.host, port):
+            options.set_value("disaggregation-bootstrap-port", port)
+            return port
+    raise ConfigError(f"no free port for the SGLang KV bootstrap server in {base}-{base + 199}")

@@ -16,6 +16,7 @@ from pdcluster.common.config_file import ConfigError
 from pdcluster.common.logs import setup_logging
 
 if TYPE_CHECKING:
+    from pdcluster.common.protocol import RoleSwitch
     from pdcluster.worker.plan import LaunchPlan, RoleRules
 
 log = logging.getLogger("pdcluster.worker")
@@ -65,10 +66,20 @@ def run_plan(plan: LaunchPlan) -> int:
 
     role = plan.role
     log.info("starting SGLang %s%s: %s", role.value, " (CPU profile)" if plan.cpu else "", plan.describe())
-    registrar = Registrar(plan) if plan.cluster.bootstrap_url else None
+    from pdcluster.worker.role_flip import RoleFlip
+
+    supervisor: Supervisor | None = None
+    registrar: Registrar | None = None
+
+    def flip(order: RoleSwitch) -> None:  # a role flip in a thread of its own; a failed one restarts SGLang
+        if registrar is not None and supervisor is not None:
+            RoleFlip(registrar, order, supervisor.restart).start()
+
+    registrar = Registrar(plan, on_flip=flip) if plan.cluster.bootstrap_url else None
     env = {**plan.env, **registrar.child_env()} if registrar else plan.env
     supervisor = Supervisor(plan.command, env, plan.cluster.resolved_grace_period(),
-                            on_stop=registrar.leave_pools if registrar else lambda: None)
+                            on_stop=registrar.leave_pools if registrar else lambda: None,
+                            on_restart=registrar.adopt if registrar else lambda proc: None)
     code = supervisor.run(while_running=registrar.start if registrar else None)
     if registrar:
         registrar.stop()

@@ -24,7 +24,7 @@ from pdcluster.common.config_file import ConfigError, load_yaml
 from pdcluster.common.protocol import Role, WorkerRegistration
 from pdcluster.common.sglang_args import sglang_parser
 from pdcluster.kvstore import wiring
-from pdcluster.worker import checks, environment, tracing
+from pdcluster.worker import checks, environment, switching, tracing
 from pdcluster.worker.kv_events import plan_kv_events
 from pdcluster.worker.options import SGLangOptions
 from pdcluster.worker.registration import build_registration
@@ -102,6 +102,7 @@ class LaunchPlan:
     cluster: ClusterSettings
     registration: WorkerRegistration
     cpu: bool
+    flip: switching.FlipPlan | None = None  # switch-enabled: what it registers as a prefill (switching.py)
 
     @property
     def health_url(self) -> str:
@@ -139,20 +140,31 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     options = _role_options(rules, raw, overrides)
     cpu = cluster.device == "cpu" or (cluster.device == "auto" and not cuda_available())
     _set_defaults(rules, options, cpu, cluster.kv_store)
+    switchable = switching.decide(options, cluster, cpu)
     traced_env = tracing.apply(options, cluster.tracing, role.value, os.environ if env is None else env)
     ns = options.parse()
     stored = _check_final(rules, ns, cpu, cluster.kv_store)
     advertise = checks.advertise_address(ns.host, cluster.advertise_host)
     kv_bootstrap_port = rules.kv_bootstrap_port(options, ns, cluster)
-    kv_events = plan_kv_events(options, ns, cluster, advertise, rules.PUBLISHES_KV_EVENTS, (ns.port, kv_bootstrap_port))
+    if switchable and kv_bootstrap_port is None:  # SGLang runs a KV bootstrap server on every switch-enabled worker
+        kv_bootstrap_port = checks.kv_bootstrap_port(options, ns, cluster)
+    kv_events = plan_kv_events(options, ns, cluster, advertise, rules.PUBLISHES_KV_EVENTS or switchable,
+                               (ns.port, kv_bootstrap_port))
     cores = checks.check_cpus(cluster)
-    final_env, env_added = environment.sglang_env(cluster, ns, advertise, cores, stored,
-                                                  rules.CPU_ENV if cpu else None, env)
+    cpu_env = {**(switching.CPU_ENV if switchable else {}), **rules.CPU_ENV}
+    final_env, env_added = environment.sglang_env(cluster, ns, advertise, cores, stored, cpu_env if cpu else None, env)
     final_env.update(traced_env)  # SGLang reads the protocol from this variable only: the setting decides it
     env_added.update(traced_env)
+    for key, value in switching.ENV.items() if switchable else ():
+        env_added[key] = final_env.setdefault(key, value)
     registration = build_registration(role, cluster, ns, advertise, kv_bootstrap_port, checks.capabilities(ns, cpu))
-    registration.kv_events = kv_events
-    return LaunchPlan(role, _command(role, options, stored, cores), final_env, env_added, cluster, registration, cpu)
+    registration.kv_events, registration.switch_enabled = kv_events, switchable
+    flip = None
+    if switchable and kv_bootstrap_port is not None:
+        flip = switching.FlipPlan(advertise, kv_bootstrap_port, kv_events)
+        registration = switching.registration_as(role, registration, flip)
+    return LaunchPlan(role, _command(role, options, stored, cores), final_env, env_added, cluster, registration, cpu,
+                      flip)
 
 
 def _role_options(rules: RoleRules, raw: dict, overrides: list[str]) -> SGLangOptions:

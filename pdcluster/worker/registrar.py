@@ -17,13 +17,14 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import psutil
 
 from pdcluster.common import otel
-from pdcluster.common.protocol import KVStoreMembership, Role
+from pdcluster.common.protocol import KVStoreMembership, Role, RoleSwitch
 from pdcluster.kvstore.secret_proof import MEMBERSHIP_ENV
 from pdcluster.worker.plan import LaunchPlan
 
@@ -52,8 +53,11 @@ def forward_tokens(server_info: dict, context_length: int | None) -> int | None:
 
 
 class Registrar:
-    def __init__(self, plan: LaunchPlan, probe_timeout: float = HEALTH_PROBE_TIMEOUT):
-        self.plan, self.probe_timeout = plan, probe_timeout
+    def __init__(self, plan: LaunchPlan, probe_timeout: float = HEALTH_PROBE_TIMEOUT,
+                 on_flip: Callable[[RoleSwitch], None] = lambda order: None):
+        """`on_flip`: carries out a role flip the registry orders (pdcluster/worker/role_flip.py, wired by cli.py)."""
+        self.plan, self.probe_timeout, self.on_flip = plan, probe_timeout, on_flip
+        self._flips_seen: set[float] = set()  # the flips taken on (by their start), so each runs once
         self.registration = plan.registration
         token = plan.cluster.resolved_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -78,10 +82,14 @@ class Registrar:
         return {MEMBERSHIP_ENV: str(self.kv_store_file)}
 
     def start(self, proc: subprocess.Popen | None = None) -> None:
-        if proc is not None:
-            self._sglang = psutil.Process(proc.pid)
+        self.adopt(proc)
         for thread in self._threads:
             thread.start()
+
+    def adopt(self, proc: subprocess.Popen | None) -> None:
+        """The SGLang process whose CPU time the health verdict reads (again after a restart)."""
+        if proc is not None:
+            self._sglang = psutil.Process(proc.pid)
 
     def _cpu_seconds(self) -> float:
         """CPU time SGLang's processes have used so far (0 if unknown)."""
@@ -240,6 +248,19 @@ class Registrar:
                         if response.status_code == 404:
                             self.registered = False
                             continue
+                        self._take_flip(response)
                 except httpx.HTTPError as exc:
                     log.debug("bootstrap service unreachable: %s", exc)
             self._stop.wait(self.plan.cluster.heartbeat_interval)
+
+    def _take_flip(self, response: httpx.Response) -> None:
+        """A heartbeat's answer names the role flip the registry wants of this worker (bootstrap/switch.py): handed
+        to `on_flip` once."""
+        try:
+            order = response.json().get("switch")
+            flip = RoleSwitch.model_validate(order) if order is not None and self.plan.flip is not None else None
+        except ValueError:  # not JSON, or not a flip this launcher knows how to carry out
+            return
+        if flip is not None and flip.started not in self._flips_seen:
+            self._flips_seen.add(flip.started)
+            self.on_flip(flip)

@@ -79,7 +79,12 @@ class ClusterSettings(BaseModel):
     tracing: bool | None = None
     # Extra environment for SGLang, e.g. its PD timeouts (SGLANG_DISAGGREGATION_*); the caller's environment wins.
     env: dict[str, str] = {}
-    # First port tried for a prefill's SGLang KV bootstrap server when the config does not set one.
+    # SGLang's live role flip (`python -m bootstrap switch`; its --enable-pd-role-switch, which, when set in the
+    # config, decides instead). A switch-enabled worker runs its own KV bootstrap server and KV-events publisher in
+    # either role. null: on wherever it can: a Mooncake transfer backend and no kv_store (a flip clears SGLang's
+    # HiCache storage: the shared store's files).
+    role_switch: bool | None = None
+    # First port tried for the SGLang KV bootstrap server (a prefill's; a switch-enabled decode's) when unset.
     kv_bootstrap_port_base: int = Field(default=8999, ge=1024, le=65000)
     # A prefill publishes SGLang's KV events (what its radix cache holds, for the routers' cache_aware policy) on the
     # first free pair of ports from here up (events, then replay), bound to SGLang's --host. null: it publishes none.

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 
@@ -46,13 +47,22 @@ class Supervisor:
     the routers send it nothing new while SGLang drains)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str] | None, grace_period: float = 60.0,
-                 on_stop: Callable[[], None] = lambda: None):
+                 on_stop: Callable[[], None] = lambda: None,
+                 on_restart: Callable[[subprocess.Popen[bytes]], None] = lambda proc: None):
         self.cmd = cmd
         self.env = env
         self.drain_seconds = max(5.0, grace_period - STOP_MARGIN)
-        self.on_stop = on_stop
+        self.on_stop, self.on_restart = on_stop, on_restart
         self.proc: subprocess.Popen[bytes] | None = None
         self._stop_requested_at: float | None = None
+        self._restart = threading.Event()
+
+    def restart(self) -> None:
+        """Kill SGLang's whole group and start it again with the same command (a role flip that failed half-way: back
+        in its old role, pdcluster/worker/role_flip.py). Returns at once; `on_restart` gets the new process."""
+        self._restart.set()
+        if self.proc is not None:
+            kill_group(self.proc.pid, signal.SIGKILL)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self.proc is None:
@@ -71,22 +81,37 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         # If the launcher itself is SIGKILLed, the kernel sends SIGKILL to SGLang's main process; its group is then
         # orphaned but loses its parent, and SGLang's own children watch their parent and exit.
-        metrics = metrics_dir(self.cmd, self.env)
-        env = self.env if metrics is None else {**(self.env or os.environ), METRICS_DIR_VAR: metrics.name}
-        self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+        proc, metrics = self._spawn()
         if while_running is not None:
-            while_running(self.proc)
+            while_running(proc)
         try:
             while True:
-                try:
-                    returncode = self.proc.wait(timeout=0.5)
+                returncode = self._wait(proc)
+                if not self._restart.is_set() or self._stop_requested_at is not None:
                     break
-                except subprocess.TimeoutExpired:
-                    if self._stop_requested_at and time.monotonic() - self._stop_requested_at > self.drain_seconds:
-                        kill_group(self.proc.pid, signal.SIGKILL)
+                self._restart.clear()
+                kill_group(proc.pid, signal.SIGKILL)
+                if metrics is not None:
+                    metrics.cleanup()
+                proc, metrics = self._spawn()
+                self.on_restart(proc)
         finally:
             # The main process is gone; whatever is left of its group (scheduler, detokenizer) goes with it.
-            kill_group(self.proc.pid, signal.SIGKILL)
+            kill_group(proc.pid, signal.SIGKILL)
             if metrics is not None:
                 metrics.cleanup()
         return exit_status(returncode)
+
+    def _spawn(self) -> tuple[subprocess.Popen[bytes], tempfile.TemporaryDirectory | None]:
+        metrics = metrics_dir(self.cmd, self.env)
+        env = self.env if metrics is None else {**(self.env or os.environ), METRICS_DIR_VAR: metrics.name}
+        self.proc = subprocess.Popen(self.cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+        return self.proc, metrics
+
+    def _wait(self, proc: subprocess.Popen[bytes]) -> int:
+        while True:
+            try:
+                return proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if self._stop_requested_at and time.monotonic() - self._stop_requested_at > self.drain_seconds:
+                    kill_group(proc.pid, signal.SIGKILL)

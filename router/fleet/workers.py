@@ -203,6 +203,9 @@ class WorkerPool:
             current = self.workers.get(reg.worker_id)
             fresh = Worker.from_registration(reg)
             if current is None or current.registered_as() != fresh.registered_as():
+                if current is not None and current.role is not fresh.role:  # a role flip, at the same address: what
+                    for listener in self.on_removed:  # the policies kept of it belongs to the role it left
+                        listener(reg.worker_id)
                 current = self._add(fresh)
             current.registry_healthy = row.healthy
             current.incompatible = row.incompatible

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from tests.fakes import FakeWorker, until
-from tests.unit.test_admission import discovered, workers
+from tests.unit.test_admission import discovered, register, workers
 
 
 def test_a_worker_gone_while_the_registry_was_young_leaves_the_pool_once_it_is_not():
@@ -65,3 +65,38 @@ def test_a_listing_from_a_newer_bootstrap_service_is_followed_for_what_this_rout
         pass
     else:
         raise AssertionError("the protocol's models refuse unknown fields: only from_newer drops them")
+
+
+def test_a_worker_that_flips_its_role_at_the_same_address_is_a_new_instance_of_the_other_role():
+    """A live role flip (pdcluster/worker/role_flip.py): the same id and URL registered again in the other role, as a
+    new instance. The router drops the prefill, admits the decode through its canary, and its policies forget what
+    they kept of the prefill; requests go on through the new pairs."""
+    fakes = {"p1": FakeWorker(), "p2": FakeWorker(), "d1": FakeWorker()}
+    with discovered(fakes, {"p1": "prefill", "p2": "prefill", "d1": "decode"}) as (service, urls, router):
+        assert until(lambda: len(workers(router)) == 3 and all(
+            w["admission"] == "admitted" for w in workers(router).values()))
+        register(service, "p2", "decode", urls["p2"], instance="2")
+        assert until(lambda: workers(router)["p2"]["role"] == "decode"
+                     and workers(router)["p2"]["admission"] == "admitted")
+        served = {httpx.post(f"{router}/generate", json={"text": "a"}, timeout=30).headers["x-pdcluster-decode"]
+                  for _ in range(6)}
+        assert served <= {"d1", "p2"} and httpx.get(f"{router}/ready").status_code == 200
+
+
+def test_the_pool_tells_its_policies_when_a_worker_changes_role():
+    from pdcluster.common.protocol import WorkerStatus
+    from router.fleet.workers import WorkerPool
+    from tests.unit.test_bootstrap_service import registration
+
+    forgotten: list[str] = []
+    pool = WorkerPool(admission_check=False, on_removed=[forgotten.append])
+
+    def row(role: str, instance: str) -> WorkerStatus:
+        return WorkerStatus.model_validate({"registration": registration("w", role) | {"instance_id": instance},
+                                            "healthy": True, "registered_at": 0.0, "last_heartbeat": 0.0})
+
+    pool.sync_discovered([row("prefill", "1")])
+    pool.sync_discovered([row("prefill", "2")])  # a restart: same role, nothing of the policies' to forget
+    assert forgotten == []
+    pool.sync_discovered([row("decode", "3")])
+    assert forgotten == ["w"] and pool.workers["w"].role.value == "decode"

@@ -49,7 +49,7 @@ def test_a_wildcard_host_binds_every_interface_and_registers_the_advertised_one(
 
 
 def test_a_decode_publishes_none_and_the_switch_turns_a_prefill_off(tmp_path, model_dir):
-    decode = plan(tmp_path, model_dir, role=Role.DECODE)
+    decode = plan(tmp_path, model_dir, "enable-pd-role-switch: false", role=Role.DECODE)  # switch-enabled: it does
     assert "--kv-events-config" not in decode.command and decode.registration.kv_events is None
     off = prefill(tmp_path, model_dir, "  kv_events_port_base: null\n")
     assert "--kv-events-config" not in off.command and off.registration.kv_events is None

@@ -60,7 +60,8 @@ def test_prefill_cpu_profile(tmp_path, model_dir):
 
 
 def test_decode_cpu_profile_and_gpu_gets_none_of_it(tmp_path, model_dir):
-    cmd = plan(tmp_path, model_dir, role=Role.DECODE).command
+    # Not switch-enabled (the default is: tests/unit/test_role_flip.py): it runs no KV bootstrap server.
+    cmd = plan(tmp_path, model_dir, "enable-pd-role-switch: false", role=Role.DECODE).command
     assert argv_value(cmd, "--disaggregation-decode-retraction-backup") == "cpu_tensor"
     assert "--disaggregation-bootstrap-port" not in cmd
     gpu = plan(tmp_path, model_dir, role=Role.DECODE, device="cuda")
