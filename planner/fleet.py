@@ -1,10 +1,9 @@
 """The workers as the live planner sees them: the bootstrap service's listing (GET /v1/workers), the split it makes,
 which worker's flip costs least, and the flip request itself (POST /v1/workers/{id}/switch).
 
-A row's optional `switch` object (to, state draining|switching|done|failed, reason) is a field this version's
-protocol may not know yet: it is read from the raw row, the rest validated as every reader of the listing does
-(pdcluster.common.protocol.from_newer). A worker whose switch is running counts as its new role already (as the
-simulator counts it), so that a decision in the meantime does not ask for the same flip twice.
+A row's `switch` is its last role flip (pdcluster.common.protocol.RoleSwitch: draining, switching, done or failed,
+and why). A worker whose switch is running counts as its new role already (as the simulator counts it), so that a
+decision in the meantime does not ask for the same flip twice.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from pdcluster.common.protocol import WorkerListing, from_newer
+from pdcluster.common.protocol import RoleSwitch, WorkerListing, from_newer
 from planner.scrape import Scrape
 from planner.sizing import Split
 
@@ -26,27 +25,24 @@ class Row:
     role: str  # the registration's
     url: str
     serving: bool  # healthy, compatible and not taken out by an operator
-    switch: dict[str, object] | None = None
+    switch: RoleSwitch | None = None
 
     @property
     def switching(self) -> bool:
-        return self.switch is not None and self.switch.get("state") in RUNNING
+        return self.switch is not None and self.switch.state in RUNNING
 
     @property
     def headed(self) -> str:
         """Its role once a running switch is done."""
-        return str(self.switch["to"]) if self.switching and self.switch else self.role
+        return self.switch.to.value if self.switching and self.switch else self.role
 
 
 def read_rows(client: httpx.Client, bootstrap_url: str) -> list[Row]:
     response = client.get(f"{bootstrap_url.rstrip('/')}/v1/workers")
     response.raise_for_status()
-    raw = response.json()
-    listing, _ = from_newer(WorkerListing, raw)
-    switches = {r.get("registration", {}).get("worker_id"): r.get("switch") for r in raw.get("workers", [])}
+    listing, _ = from_newer(WorkerListing, response.json())
     return [Row(worker_id=w.registration.worker_id, role=w.registration.role.value, url=w.registration.base_url,
-                serving=w.healthy and not w.draining and not w.incompatible,
-                switch=switches.get(w.registration.worker_id) or None)
+                serving=w.healthy and not w.draining and not w.incompatible, switch=w.switch)
             for w in listing.workers]
 
 
@@ -92,6 +88,6 @@ def request_switch(client: httpx.Client, bootstrap_url: str, worker_id: str, to:
     except ValueError:
         error = {}
     error = error if isinstance(error, dict) else {}
-    code = error.get("code")
+    code = error.get("refusal")  # the stable reason; `code` is the HTTP status, as in every pdcluster error
     code = code if isinstance(code, str) else f"http_{response.status_code}"
     return SwitchAnswer(False, code, str(error.get("message") or response.text[:200]))

@@ -128,9 +128,9 @@ class LivePlanner:
             return
         flip = self.flip
         row = next((r for r in rows if r.worker_id == flip.worker_id), None)
-        state = (row.switch or {}).get("state") if row is not None else None
+        state = row.switch.state if row is not None and row.switch is not None else None
         if state == "failed":
-            reason = str((row.switch or {}).get("reason", "")) if row is not None else ""
+            reason = row.switch.reason if row is not None and row.switch is not None else ""
             self._failed("failed", flip.worker_id, reason or "the registry says failed", now)
         elif state == "done" or (row is not None and not row.switching and row.role == flip.to):
             self.metrics.flips.labels("done").inc()

@@ -86,8 +86,9 @@ class FakeCluster:
         body = json.loads(request.content)
         self.asked.append((worker_id, body, request.headers.get("authorization")))
         if self.answer != 202:
-            return httpx.Response(self.answer, json={"error": {"message": "no", "code": self.error_code}})
-        self.switches[worker_id] = {"to": body["to"], "state": "draining"}
+            error = {"message": "no", "code": self.answer, "refusal": self.error_code}  # as bootstrap/app.py answers
+            return httpx.Response(self.answer, json={"error": error})
+        self.switches[worker_id] = {"to": body["to"], "state": "draining", "started": 0.0}
         return httpx.Response(202, json={"worker_id": worker_id, "from": self.roles[worker_id], "to": body["to"],
                                          "state": "draining"})
 
@@ -174,7 +175,7 @@ def test_act_flips_the_decode_with_fewest_requests_in_flight_with_the_token():
     assert decision is not None and decision.current == Split(2, 2)
     assert len(cluster.asked) == 1
     # The registry reports it done: counted, and the next flip may go.
-    cluster.roles["d2"], cluster.switches["d2"] = "prefill", {"to": "prefill", "state": "done"}
+    cluster.roles["d2"], cluster.switches["d2"] = "prefill", {"to": "prefill", "state": "done", "started": 0.0}
     interval(live, clock, cluster)
     assert sample(live, "pdcluster_planner_flips_total", result="done") == 1
     assert [a[0] for a in cluster.asked] == ["d2", "d3"]
@@ -211,7 +212,7 @@ def test_a_failed_flip_is_counted_and_the_dwell_starts_again():
     live, clock = planner(cluster, mode="act", dwell_s=300)
     live.step()
     interval(live, clock, cluster)
-    cluster.switches["d1"] = {"to": "prefill", "state": "failed", "reason": "backend_cannot"}
+    cluster.switches["d1"] = {"to": "prefill", "state": "failed", "reason": "backend_cannot", "started": 0.0}
     interval(live, clock, cluster)
     assert sample(live, "pdcluster_planner_flips_total", result="failed") == 1
     assert len(cluster.asked) == 1
