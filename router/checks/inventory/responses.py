@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from router.checks.inventory.native import REASONING, SAMPLING
-from router.checks.inventory.openai import CHAT, OPENAI_SERVICE
+from router.checks.inventory.native import SAMPLING
+from router.checks.inventory.openai import CHAT
 from router.checks.inventory.openai_types import CallId, Metadata, ToolName, ToolText
 from router.checks.inventory.rules import (
     MAX_MESSAGES,
@@ -19,7 +19,6 @@ from router.checks.inventory.rules import (
     Count,
     Flag,
     Name,
-    PairLimit,
     Rule,
     Text,
     bounded,
@@ -80,55 +79,57 @@ class ObfuscationOptions(_Strict):
     include_obfuscation: bool | None = None
 
 
+# Sent as the chat's fields of their meaning; the chat's checks then apply (the pair's context length, its parser).
+AS_CHAT = "sent as the chat's field of that meaning (instructions: a system message, not carried to the next turn)"
+OPENAI_HOSTED = "OpenAI's hosted features"
+NOT_MADE = "outputs not made here"
+STORED = "the router's store (kept unless store is false)"
+ECHOED = "OpenAI's own; metadata is echoed"
+
 RESPONSES: dict[str, Rule] = {
     "model": CHAT["model"],
-    "input": bounded(f"text, or 1 to {MAX_MESSAGES} items as in the input item table", Text | Annotated[
+    "input": bounded(f"text, or 1 to {MAX_MESSAGES} items", Text | Annotated[
         list[dict[str, Any]], Field(min_length=1, max_length=MAX_MESSAGES)]),
-    "instructions": mapped("a system message before the input; not carried to the next turn", StrictStr),
-    "max_output_tokens": mapped("as max_completion_tokens", Count | None, PairLimit.TOKENS),
+    "instructions": mapped(AS_CHAT, StrictStr),
+    "max_output_tokens": mapped(AS_CHAT, Count | None),
     "temperature": SAMPLING["temperature"],
     "top_p": SAMPLING["top_p"],
     "stream": CHAT["stream"],
-    "tools": mapped(f"function tools only, at most {MAX_TOOLS}: sent as the chat's tools",
-                    Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)], PairLimit.TOOL_PARSER),
-    "tool_choice": mapped("none, auto, required or a function of tools: sent as the chat's",
-                          Literal["none", "auto", "required"] | NamedFunction),
+    "tools": mapped(AS_CHAT, Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)]),
+    "tool_choice": mapped(AS_CHAT, Literal["none", "auto", "required"] | NamedFunction),
     "parallel_tool_calls": CHAT["parallel_tool_calls"],
-    "text": mapped("format text, json_object or json_schema: sent as response_format; verbosity ignored",
-                   TextConfig),
-    "store": router("kept in the router's store (true unless false)", Flag),
-    "previous_response_id": router("a stored response of the caller's: its turns come before this input", Name),
-    "metadata": ignored("echoed in the answer; not stored", Metadata),
+    "text": mapped(AS_CHAT, TextConfig),
+    "store": router(STORED, Flag),
+    "previous_response_id": router(STORED, Name),
+    "metadata": ignored(ECHOED, Metadata),
     "user": CHAT["user"],
     "safety_identifier": CHAT["safety_identifier"],
     "prompt_cache_key": CHAT["prompt_cache_key"],
     "service_tier": CHAT["service_tier"],
-    "prompt_cache_retention": ignored(OPENAI_SERVICE + " (its cache's retention)", Literal["in-memory", "24h"]),
-    "stream_options": ignored("include_obfuscation: events are not padded", ObfuscationOptions),
-    "truncation": refused("auto drops the conversation's start to fit: a prompt too long is refused instead",
-                          default="disabled"),
-    "background": refused("responses are answered while the request is open", default=False),
-    "include": refused("no extra output data (logprobs, encrypted reasoning, tool results) is made"),
-    "max_tool_calls": refused("a bound on OpenAI's hosted tools: only function tools are served"),
-    "prompt": refused(OPENAI_SERVICE + " (its stored prompt templates)"),
-    "reasoning": refused(REASONING + "; no reasoning items are made"),
-    "top_logprobs": refused("no logprobs are made in a response's output", default=0),
-    "conversation": refused("the Conversations API is not served: chain turns with previous_response_id"),
+    "prompt_cache_retention": ignored(ECHOED, Literal["in-memory", "24h"]),
+    "stream_options": ignored(ECHOED, ObfuscationOptions),
+    "truncation": refused("a prompt too long is refused instead", default="disabled"),
+    "background": refused(OPENAI_HOSTED, default=False),
+    "include": refused(NOT_MADE),
+    "max_tool_calls": refused(OPENAI_HOSTED),
+    "prompt": refused(OPENAI_HOSTED),
+    "reasoning": refused(NOT_MADE),
+    "top_logprobs": refused(NOT_MADE, default=0),
+    "conversation": refused(OPENAI_HOSTED),
 }
 
 # An item of `input`, one table for the three types served: which fields each type takes is checked by the type
 # (router/checks/responses_checks.py). Other types (hosted tools' calls, reasoning, item references) are refused there.
+ITEM_FIELDS = "those of its type, as OpenAI's"
+AS_GIVEN = "a stored item gets the router's id"
 INPUT_ITEM: dict[str, Rule] = {
-    "type": bounded("message (the default), function_call or function_call_output", ItemType),
-    "role": bounded("a message's: user, assistant, system or developer",
-                    Literal["user", "assistant", "system", "developer"]),
-    "content": bounded("a message's: text, or a list of input_text or output_text parts",
-                       StrictStr | Annotated[list[InputText], Field(min_length=1)]),
-    "call_id": bounded("a function call's id, and the id of the call a function_call_output answers", CallId,
-                       PairLimit.TOOL_PARSER),
-    "name": bounded("a function_call's function, a tool's name", ToolName),
-    "arguments": bounded("a function_call's: a JSON object, as text", ToolText),
-    "output": bounded("a function_call_output's result, as text", StrictStr),
-    "id": ignored("the item's id as OpenAI gave it: a stored item gets the router's", Name),
-    "status": ignored("an output item's, as it came", Literal["in_progress", "completed", "incomplete"]),
+    "type": bounded("message (default), function_call, function_call_output", ItemType),
+    "role": bounded(ITEM_FIELDS, Literal["user", "assistant", "system", "developer"]),
+    "content": bounded(ITEM_FIELDS, StrictStr | Annotated[list[InputText], Field(min_length=1)]),
+    "call_id": bounded(ITEM_FIELDS, CallId),
+    "name": bounded(ITEM_FIELDS, ToolName),
+    "arguments": bounded(ITEM_FIELDS, ToolText),
+    "output": bounded(ITEM_FIELDS, StrictStr),
+    "id": ignored(AS_GIVEN, Name),
+    "status": ignored(AS_GIVEN, Literal["in_progress", "completed", "incomplete"]),
 }
