@@ -21,7 +21,7 @@ from router.fleet.health import probe_forever
 from router.fleet.workers import CircuitBreaker, Worker, WorkerPool
 from router.kv_routing import kv_events
 from router.metrics import RouterMetrics
-from router.openai import responses_routes
+from router.openai import conversations_routes, responses_routes
 from router.pd.admission import Admissions
 from router.pd.attempt import Dispatcher
 from router.pd.pairing import Pairing
@@ -60,6 +60,7 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
     install_error_handlers(app)
     _control_routes(app, pool, metrics, api_key, state)
     responses_routes.install(app, pd.responses, api_key)
+    conversations_routes.install(app, pd.responses, api_key, config.max_body_bytes)
     # The PD routes are served by the edge, in front of FastAPI (why: router/transport/edge.py).
     return Edge(app, pd.routes())
 

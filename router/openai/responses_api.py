@@ -52,9 +52,12 @@ class ResponsesApi:
         owner, keep = owner_of(headers), self._keeps(body)
         body["store"] = keep  # as the answer says it
         items = render.input_items(body["input"])
-        if keep:
+        conversation = body.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = body["conversation"] = conversation["id"]
+        if keep or conversation is not None:
             self._fits(items)
-        history = await self._history(owner, body.get("previous_response_id"))
+        history = await self._history(owner, body.get("previous_response_id"), conversation)
         chat = render.chat_body(body, history + items)
         try:
             checked = check_chat(chat)
@@ -64,7 +67,7 @@ class ResponsesApi:
             (render.client_field(field) or field, value, limit) for field, value, limit in checked.counts))
         response_id = new_id("resp")
         answer = await serve(make_request(chat, checked))
-        finished = partial(self._finished, owner, keep, items)
+        finished = partial(self._finished, owner, keep, items, conversation)
         if isinstance(answer, StreamAnswer):
             answer.chunks = ResponseEvents(response_id, body, finished).relay(answer.chunks)
             return answer
@@ -90,29 +93,41 @@ class ResponsesApi:
                 raise ApiError(400, f"input[{i}] is {size} bytes as JSON; a stored item is at most {limit} bytes",
                                f"input[{i}]")
 
-    async def _history(self, owner: str, previous: str | None) -> list[dict[str, Any]]:
-        """The earlier turns' items of the chain `previous` ends (instructions are not among them)."""
-        if previous is None:
+    async def _history(self, owner: str, previous: str | None, conversation: str | None) -> list[dict[str, Any]]:
+        """The earlier turns' items: of the chain `previous` ends, or the conversation's (instructions are not among
+        them)."""
+        field = "conversation" if conversation is not None else "previous_response_id"
+        if previous is None and conversation is None:
             return []
         if self.store is None:
-            raise ApiError(400, f"previous_response_id: {NO_STORE}", "previous_response_id")
+            raise ApiError(400, f"{field}: {NO_STORE}", field)
         try:
+            if conversation is not None:
+                return [stored.item for stored in await self.store.conversations.list_items(owner, conversation)]
+            assert previous is not None
             return await self.store.responses.rebuild_input(owner, previous)
         except NotFound as missing:
-            raise ApiError(404, f"previous_response_id: {missing}", "previous_response_id") from None
+            raise ApiError(404, f"{field}: {missing}", field) from None
 
-    async def _finished(self, owner: str, keep: bool, items: list[dict[str, Any]], response: dict[str, Any]) -> None:
-        """The response kept (if it is to be) before the client gets it."""
-        if not keep:
+    async def _finished(self, owner: str, keep: bool, items: list[dict[str, Any]], conversation: str | None,
+                        response: dict[str, Any]) -> None:
+        """The response kept (if it is to be), and its input and output added to its conversation, before the client
+        gets it."""
+        if not keep and conversation is None:
             return
         assert self.store is not None
+        field = "conversation" if conversation is not None else "previous_response_id"
         try:
-            await self.store.responses.put(owner, NewResponse(
-                model=response["model"], status=response["status"], input_items=items,
-                output_items=response["output"], usage=response["usage"],
-                previous_response_id=response["previous_response_id"], id=response["id"]))
+            if keep:
+                await self.store.responses.put(owner, NewResponse(
+                    model=response["model"], status=response["status"], input_items=items,
+                    output_items=response["output"], usage=response["usage"],
+                    previous_response_id=response["previous_response_id"], conversation_id=conversation,
+                    id=response["id"]))
+            if conversation is not None:
+                await self.store.conversations.add_items(owner, conversation, [*items, *response["output"]])
         except NotFound as missing:  # deleted (or expired) while this turn ran
-            raise ApiError(404, f"previous_response_id: {missing}", "previous_response_id") from None
+            raise ApiError(404, f"{field}: {missing}", field) from None
         except Exception as exc:
             log.warning("store: a response was not stored", extra={"response_id": response["id"], "error": repr(exc)})
             raise ApiError(503, "the response was made but could not be stored (the router's log has the "

@@ -161,6 +161,7 @@ def response_object(response_id: str, body: dict[str, Any], *, status: str, outp
         "metadata": body.get("metadata") or {}, "model": model or body.get("model") or "", "output": output,
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "previous_response_id": body.get("previous_response_id"), "store": body.get("store", True),
+        "conversation": {"id": body["conversation"]} if body.get("conversation") else None,
         "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
         "text": {"format": text_format}, "tool_choice": body.get("tool_choice", "auto"),
         "tools": body.get("tools") or [], "truncation": "disabled", "usage": usage_,

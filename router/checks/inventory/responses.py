@@ -75,6 +75,10 @@ class TextConfig(_Strict):
     verbosity: Literal["low", "medium", "high"] | None = None  # a setting of OpenAI's reasoning models: ignored
 
 
+class ConversationRef(_Strict):
+    id: Name
+
+
 class ObfuscationOptions(_Strict):
     include_obfuscation: bool | None = None
 
@@ -82,8 +86,9 @@ class ObfuscationOptions(_Strict):
 # Sent as the chat's fields of their meaning; the chat's checks then apply (the pair's context length, its parser).
 AS_CHAT = "sent as the chat's field of that meaning (instructions: a system message, not carried to the next turn)"
 OPENAI_HOSTED = "OpenAI's hosted features"
+MAX_NEW_ITEMS = 20  # items of one conversation's create or add, as OpenAI's
 NOT_MADE = "outputs not made here"
-STORED = "the router's store (kept unless store is false)"
+STORED = "the router's store (kept unless store is false); at most one of previous_response_id and conversation"
 ECHOED = "OpenAI's own; metadata is echoed"
 
 RESPONSES: dict[str, Rule] = {
@@ -115,7 +120,7 @@ RESPONSES: dict[str, Rule] = {
     "prompt": refused(OPENAI_HOSTED),
     "reasoning": refused(NOT_MADE),
     "top_logprobs": refused(NOT_MADE, default=0),
-    "conversation": refused(OPENAI_HOSTED),
+    "conversation": router(STORED, Name | ConversationRef),
 }
 
 # An item of `input`, one table for the three types served: which fields each type takes is checked by the type
