@@ -86,7 +86,8 @@ class ResponsesApi:
 
     def _fits(self, items: list[dict[str, Any]]) -> None:
         """400 naming the input item over the store's bound, before any worker runs the request."""
-        assert self.store is not None
+        if self.store is None:
+            return  # nothing is kept (a conversation is then refused, by `_history`)
         limit = self.store.db.max_item_bytes
         for i, item in enumerate(items):
             if (size := len(orjson.dumps(item))) > limit:

@@ -135,6 +135,7 @@ def test_tool_calls_are_function_call_items_plain_and_streamed():
     ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "store": True}, "store"),
+    ({"input": "x", "conversation": "conv_1"}, "conversation"),
     ({}, "input"),
 ])
 def test_what_is_not_served_is_a_400_naming_the_field(body, param):
@@ -180,6 +181,9 @@ def test_stored_responses_chain_and_are_retrieved_listed_and_deleted(store_confi
         with pytest.raises(openai.NotFoundError) as broken:  # the chain now misses its first turn
             alice.responses.create(model="m", input="France?", previous_response_id=third.id)
         assert broken.value.body["param"] == "previous_response_id"
+        with pytest.raises(openai.BadRequestError) as large:  # over the store's bound: refused before any worker
+            alice.responses.create(model="m", input="x" * 5000)
+        assert large.value.body["param"] == "input[0]" and len(decode.received) == 3
         unstored = alice.responses.create(model="m", input="x", store=False)
         assert unstored.store is False
         with pytest.raises(openai.NotFoundError):
