@@ -28,7 +28,7 @@ from router.openai.owner import owner_of
 from router.openai.responses_stream import ResponseEvents
 from router.pd.request import PdRequest
 from router.store import NewResponse, NotFound, Store, StoredResponse, new_id
-from router.transport.edge import Answer, StreamAnswer
+from router.transport.edge import Answer, StreamAnswer, error_answer
 
 log = logging.getLogger("pdcluster.router")
 
@@ -73,7 +73,11 @@ class ResponsesApi:
             return answer
         if answer.status != 200:
             return answer  # the chat's error, in the same (OpenAI's) envelope
-        response = render.from_chat(response_id, body, json.loads(answer.body))
+        try:
+            response = render.from_chat(response_id, body, json.loads(answer.body))
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            log.warning("chat answer not shaped", extra={"response_id": response_id, "error": repr(exc)})
+            return error_answer(502, "a decode answered with no chat choice to make a response of")
         await finished(response)
         return Answer(200, orjson.dumps(response), answer.headers)
 

@@ -55,7 +55,12 @@ class ResponseEvents:
             async for raw in events:
                 if not raw.startswith(b"data: {"):
                     continue  # [DONE], comments
-                data = json.loads(raw[6:])
+                try:
+                    data = json.loads(raw[6:])
+                except ValueError:
+                    continue  # not an event of a chat answer: nothing of the response
+                if not isinstance(data, dict):
+                    continue
                 if "error" in data:
                     error = data["error"] if isinstance(data["error"], dict) else {"message": str(data["error"])}
                     yield self.event("error", code=str(error.get("code")), message=error.get("message", ""),

@@ -14,6 +14,14 @@ from tests.fakes import Behaviour, FakeWorker
 from tests.unit.test_responses import client, router
 
 
+@pytest.fixture(scope="module")
+def stored_url(tmp_path_factory):
+    """One router with a store for the tests that only send refused bodies."""
+    folder = tmp_path_factory.mktemp("store")
+    with router(store=StoreConfig(url=f"sqlite+aiosqlite:///{folder}/responses.db")) as url:
+        yield url
+
+
 def text(item) -> str:
     """An item's text: as given (a string), or its first part's."""
     return item.content if isinstance(item.content, str) else item.content[0].text
@@ -85,7 +93,6 @@ def test_another_owners_conversation_is_not_found(tmp_path):
     ("/v1/conversations/conv_1/items", {}, "items"),
     ("/v1/responses", {"input": "x", "conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
 ])
-def test_a_bad_body_is_a_400_naming_the_field(tmp_path, path, body, param):
-    with router(store=StoreConfig(url=f"sqlite+aiosqlite:///{tmp_path}/responses.db")) as url:
-        answer = httpx.post(f"{url}{path}", json=body, timeout=30)
+def test_a_bad_body_is_a_400_naming_the_field(stored_url, path, body, param):
+    answer = httpx.post(f"{stored_url}{path}", json=body, timeout=30)
     assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text

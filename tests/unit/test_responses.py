@@ -35,6 +35,13 @@ def router(decode: FakeWorker | None = None, store: StoreConfig | None = None, *
         yield stack.enter_context(ServerThread(create_app(cfg))).url
 
 
+@pytest.fixture(scope="module")
+def storeless_url():
+    """One router without a store for the tests that only send refused bodies."""
+    with router() as url:
+        yield url
+
+
 def client(url: str, key: str = "alice") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
 
@@ -138,12 +145,21 @@ def test_tool_calls_are_function_call_items_plain_and_streamed():
     ({"input": "x", "conversation": "conv_1"}, "conversation"),
     ({}, "input"),
 ])
-def test_what_is_not_served_is_a_400_naming_the_field(body, param):
-    with router() as url:
-        answer = httpx.post(f"{url}{PATH}", json=body, timeout=30)
+def test_what_is_not_served_is_a_400_naming_the_field(storeless_url, body, param):
+    answer = httpx.post(f"{storeless_url}{PATH}", json=body, timeout=30)
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error", error
+
+
+def test_a_stream_that_fails_ends_with_an_error_event_and_nothing_is_stored(tmp_path):
+    store = StoreConfig(url=f"sqlite+aiosqlite:///{tmp_path}/responses.db")
+    with router(FakeWorker(Behaviour(tokens=["Par", "is"], error_event="the scheduler failed")), store) as url:
+        events = list(client(url).responses.create(model="m", input="Capital?", stream=True))
+        assert events[-1].type == "error" and "the scheduler failed" in events[-1].message
+        assert [event.delta for event in events if event.type == "response.output_text.delta"] == ["Par", "is"]
+        with pytest.raises(openai.NotFoundError):
+            client(url).responses.retrieve(events[0].response.id)
 
 
 def test_a_worker_failure_is_openais_error_envelope():
