@@ -159,6 +159,24 @@ def _pd_operation(request: str, answer: str, summary: str, errors: dict[str, str
             **{status: {"description": why, "content": error} for status, why in {**_ERRORS, **errors}.items()}}}}
 
 
+def _stored_routes(paths: dict[str, Any]) -> None:
+    """FastAPI's routes of stored responses and conversations, with the answers the router gives: a refused parameter
+    is its 400 (not FastAPI's 422), another owner's or an absent id a 404, a missing bearer token a 401."""
+    error = {"application/json": {"schema": _ref("Error")}}
+    for path, item in paths.items():
+        if not path.startswith(("/v1/responses/", "/v1/conversations")):
+            continue
+        for operation in item.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            responses.update({status: {"description": _STORED_ERRORS[status], "content": error}
+                              for status in _STORED_ERRORS})
+
+
+_STORED_ERRORS = {"400": "a field or parameter the router refuses, named in `param`", "401": _ERRORS["401"],
+                  "404": "no such id among the caller's (another owner's is not found either)"}
+
+
 def document(fastapi_document: dict[str, Any]) -> dict[str, Any]:
     """FastAPI's document for the GET routes, with the PD routes and their schemas added."""
     doc = {**fastapi_document}
@@ -169,6 +187,7 @@ def document(fastapi_document: dict[str, Any]) -> dict[str, Any]:
                                      **_ANSWERS}}
     doc["paths"] = {**{path: _pd_operation(*spec, _MORE_ERRORS.get(path, {})) for path, spec in _PD_ROUTES.items()},
                     **doc["paths"]}
+    _stored_routes(doc["paths"])
     metrics = doc["paths"].get("/metrics", {}).get("get")
     if metrics is not None:
         metrics["responses"] = {"200": {"description": "Prometheus text exposition format", "content": {

@@ -57,6 +57,16 @@ def test_every_route_a_client_calls_is_described(contract):
     assert set(contract["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
 
 
+def test_the_stored_responses_and_conversations_routes_are_described_as_the_router_answers(contract):
+    stored = {path: item for path, item in contract["paths"].items()
+              if path.startswith(("/v1/responses/", "/v1/conversations"))}
+    assert {"/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items", "/v1/conversations",
+            "/v1/conversations/{conversation_id}/items"} <= set(stored)
+    for item in stored.values():
+        for operation in item.values():
+            assert {"200", "400", "401", "404"} == set(operation["responses"]), operation  # never FastAPI's 422
+
+
 def test_every_schema_is_valid_json_schema(contract):
     for name, schema in contract["components"]["schemas"].items():
         Draft202012Validator.check_schema(schema), name
