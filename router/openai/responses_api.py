@@ -56,7 +56,7 @@ class ResponsesApi:
         if isinstance(conversation, dict):
             conversation = body["conversation"] = conversation["id"]
         if keep or conversation is not None:
-            self._fits(items)
+            self._fits(items, render.settings(body) if keep else {})
         history = await self._history(owner, body.get("previous_response_id"), conversation)
         chat = render.chat_body(body, history + items)
         try:
@@ -67,7 +67,7 @@ class ResponsesApi:
             (render.client_field(field) or field, value, limit) for field, value, limit in checked.counts))
         response_id = new_id("resp")
         answer = await serve(make_request(chat, checked))
-        finished = partial(self._finished, owner, keep, items, conversation)
+        finished = partial(self._finished, owner, keep, body, items, conversation)
         if isinstance(answer, StreamAnswer):
             answer.chunks = ResponseEvents(response_id, body, finished).relay(answer.chunks)
             return answer
@@ -88,11 +88,14 @@ class ResponsesApi:
             return False
         return body.get("store") is not False
 
-    def _fits(self, items: list[dict[str, Any]]) -> None:
-        """400 naming the input item over the store's bound, before any worker runs the request."""
+    def _fits(self, items: list[dict[str, Any]], settings: dict[str, Any]) -> None:
+        """400 naming the input item (or the settings) over the store's bound, before any worker runs the request."""
         if self.store is None:
             return  # nothing is kept (a conversation is then refused, by `_history`)
         limit = self.store.db.max_item_bytes
+        if (size := len(orjson.dumps(settings))) > limit:
+            raise ApiError(400, f"store: the request's settings (tools, instructions, ...) are {size} bytes as JSON; a "
+                                f"stored response keeps at most {limit} (send store: false)", "store")
         for i, item in enumerate(items):
             if (size := len(orjson.dumps(item))) > limit:
                 raise ApiError(400, f"input[{i}] is {size} bytes as JSON; a stored item is at most {limit} bytes",
@@ -114,8 +117,8 @@ class ResponsesApi:
         except NotFound as missing:
             raise ApiError(404, f"{field}: {missing}", field) from None
 
-    async def _finished(self, owner: str, keep: bool, items: list[dict[str, Any]], conversation: str | None,
-                        response: dict[str, Any]) -> None:
+    async def _finished(self, owner: str, keep: bool, body: dict[str, Any], items: list[dict[str, Any]],
+                        conversation: str | None, response: dict[str, Any]) -> None:
         """The response kept (if it is to be), and its input and output added to its conversation, before the client
         gets it."""
         if not keep and conversation is None:
@@ -128,7 +131,7 @@ class ResponsesApi:
                     model=response["model"], status=response["status"], input_items=items,
                     output_items=response["output"], usage=response["usage"],
                     previous_response_id=response["previous_response_id"], conversation_id=conversation,
-                    id=response["id"]))
+                    id=response["id"], settings=render.settings(body)))
             if conversation is not None:
                 await self.store.conversations.add_items(owner, conversation, [*items, *response["output"]])
         except NotFound as missing:  # deleted (or expired) while this turn ran
@@ -156,9 +159,11 @@ def _renamed(exc: ApiError) -> ApiError:
 
 
 def stored_object(stored: StoredResponse) -> dict[str, Any]:
-    """A stored response as GET /v1/responses/{id} answers it: the request's settings are not kept (OpenAI's
-    defaults are shown), its answer is."""
+    """A stored response as GET /v1/responses/{id} answers it: as it was created (a row stored without its settings
+    shows OpenAI's defaults)."""
     incomplete = {"reason": "max_output_tokens"} if stored.status == "incomplete" else None
-    return render.response_object(stored.id, {"previous_response_id": stored.previous_response_id},
+    body = {**(stored.settings or {}), "previous_response_id": stored.previous_response_id,
+            "conversation": stored.conversation_id}
+    return render.response_object(stored.id, body,
                                   status=stored.status, output=stored.output_items, usage_=stored.usage,
                                   incomplete=incomplete, created=stored.created, model=stored.model)

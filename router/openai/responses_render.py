@@ -149,6 +149,15 @@ def status_of(finish_reason: Any) -> tuple[str, dict[str, str] | None]:
     return ("incomplete", {"reason": "max_output_tokens"}) if finish_reason == "length" else ("completed", None)
 
 
+# The request's settings a Response object echoes, kept with a stored response (the store's `settings`).
+ECHOED = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "temperature", "top_p", "text",
+          "tool_choice", "tools", "user", "store")
+
+
+def settings(body: dict[str, Any]) -> dict[str, Any]:
+    return {key: body[key] for key in ECHOED if key in body}
+
+
 def response_object(response_id: str, body: dict[str, Any], *, status: str, output: list[Item],
                     usage_: dict[str, Any] | None = None, incomplete: dict[str, str] | None = None,
                     created: float | None = None, model: str | None = None) -> dict[str, Any]:

@@ -184,6 +184,8 @@ def test_stored_responses_chain_and_are_retrieved_listed_and_deleted(store_confi
             {"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris"},
             {"role": "user", "content": "And Italy?"}, {"role": "assistant", "content": "Paris"},
             {"role": "user", "content": "Spain?"}]
+        retrieved = alice.responses.retrieve(first.id)  # as created, its settings too
+        assert (retrieved.instructions, retrieved.output_text, retrieved.tools) == ("be brief", "Paris", [])
         kept = alice.responses.retrieve(third.id)
         assert (kept.id, kept.output_text, kept.previous_response_id) == (third.id, "Paris", second.id)
         assert kept.usage.output_tokens == third.usage.output_tokens == 1
