@@ -74,7 +74,7 @@ def chat_body(body: dict[str, Any], conversation: list[Item]) -> dict[str, Any]:
     chat: dict[str, Any] = {"messages": messages(conversation)}
     if (instructions := body.get("instructions")) is not None:
         chat["messages"].insert(0, {"role": "system", "content": instructions})
-    for key in ("model", "temperature", "top_p", "parallel_tool_calls"):
+    for key in ("model", "temperature", "top_p", "parallel_tool_calls", "user"):
         if body.get(key) is not None:
             chat[key] = body[key]
     if body.get("max_output_tokens") is not None:
