@@ -21,11 +21,13 @@ from router.fleet.health import probe_forever
 from router.fleet.workers import CircuitBreaker, Worker, WorkerPool
 from router.kv_routing import kv_events
 from router.metrics import RouterMetrics
+from router.openai import conversations_routes, responses_routes
 from router.pd.admission import Admissions
 from router.pd.attempt import Dispatcher
 from router.pd.pairing import Pairing
 from router.pd.policies import make_policy
 from router.service import PdService
+from router.store import open_store
 from router.transport.edge import Edge
 from router.transport.upstream import UpstreamClient
 
@@ -57,6 +59,8 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
     app.state.metrics = metrics
     install_error_handlers(app)
     _control_routes(app, pool, metrics, api_key, state)
+    responses_routes.install(app, pd.responses, api_key)
+    conversations_routes.install(app, pd.responses, api_key, config.max_body_bytes)
     # The PD routes are served by the edge, in front of FastAPI (why: router/transport/edge.py).
     return Edge(app, pd.routes())
 
@@ -69,6 +73,9 @@ def _lifespan(config: RouterConfig, pool: WorkerPool, metrics: RouterMetrics, pd
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
+        # Each router process opens its own store (its own engine and pool: router/processes.py); one that cannot be
+        # opened fails the start.
+        store = pd.responses.store = await open_store(config.store)
         # Idle connections are let go before the workers' own 5 s keep-alive (SGLang's and uvicorn's default) ends
         # them: a probe on a connection the worker is closing would fail for nothing.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=2.0)
@@ -82,6 +89,8 @@ def _lifespan(config: RouterConfig, pool: WorkerPool, metrics: RouterMetrics, pd
                  asyncio.create_task(admissions.run()),
                  *kv_events.start(pd.pairing.prefill_policy, pool, metrics, upstream)]
         tasks += await _first_listing(config, pool, client, admissions)
+        if store is not None:
+            tasks.append(asyncio.create_task(store.sweep_forever()))
         if metrics.multiprocess:
             tasks.append(asyncio.create_task(_sample_every_second(metrics)))
         yield
@@ -90,6 +99,8 @@ def _lifespan(config: RouterConfig, pool: WorkerPool, metrics: RouterMetrics, pd
         await asyncio.gather(*tasks, *background, return_exceptions=True)
         await client.aclose()
         await upstream.close()
+        if store is not None:
+            await store.close()
         if pd.tracing is not None:
             pd.tracing.close()
 

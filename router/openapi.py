@@ -1,6 +1,6 @@
 """The router's OpenAPI document: the contract a schema-driven client, gateway or fuzzer reads.
 
-The three PD routes are served by the edge, not FastAPI (router/transport/edge.py), so FastAPI cannot describe them:
+The PD routes are served by the edge, not FastAPI (router/transport/edge.py), so FastAPI cannot describe them:
 their request schemas are made here from the same inventory the router checks with (router/checks/inventory/), field by
 field. A refused field appears as what the router takes of it (null, or SGLang's own default, both "not given"); a field
 in no table is not there, and `additionalProperties: false` says the router refuses it. What depends on the pair that
@@ -17,9 +17,10 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from router.checks.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision, Rule
-from router.checks.inventory.rules import INT32, MAX_BATCH
-from router.checks.validation import REQUIRED
+from router.checks.inventory import CHAT, COMPLETION, GENERATE, INPUT_ITEM, MESSAGE, RESPONSES, SAMPLING, Decision, Rule
+from router.checks.inventory.rules import INT32, MAX_BATCH, MAX_MESSAGES
+from router.checks.responses_checks import ITEM_FIELDS
+from router.checks.validation import REQUIRED, REQUIRED_IN
 
 _REF = "#/components/schemas/{model}"
 _NULL = {"type": "null"}
@@ -41,6 +42,8 @@ _SCHEMA_OF: dict[tuple[str, str], dict[str, Any]] = {
         "type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": _ref("SamplingParams")}]},
     ("Completion", "prompt"): {"anyOf": [_TEXT, _TEXTS, _TOKEN_IDS, _ID_BATCH]},
     ("ChatCompletion", "messages"): {"type": "array", "minItems": 1, "maxItems": 1024, "items": _ref("Message")},
+    ("Responses", "input"): {"anyOf": [_TEXT, {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES,
+                                               "items": _ref("ResponsesInputItem")}]},
     ("SamplingParams", "top_k"): {"type": "integer", "minimum": -1, "maximum": 2**30, "not": {"const": 0}},
     # Empty (`""`) too: an assistant's with calls or a refusal, a tool's or function's may be
     # (router/checks/chat_checks.py).
@@ -50,7 +53,9 @@ _SCHEMA_OF: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 _TABLES = {"Generate": GENERATE, "SamplingParams": SAMPLING, "ChatCompletion": CHAT, "Message": MESSAGE,
-           "Completion": COMPLETION}
+           "Completion": COMPLETION, "Responses": RESPONSES, "ResponsesInputItem": INPUT_ITEM}
+# The tables whose required fields are their own (router/checks/validation.py's REQUIRED_IN), by their check's name.
+_REQUIRED_OF = {"Responses": REQUIRED_IN["responses"], "ResponsesInputItem": REQUIRED_IN["input item"]}
 
 
 def _field_schema(table: str, key: str, rule: Rule, components: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +68,7 @@ def _field_schema(table: str, key: str, rule: Rule, components: dict[str, Any]) 
         schema = TypeAdapter(rule.type).json_schema(ref_template=_REF)
         components.update(schema.pop("$defs", {}))
     description = rule.reason + (f"; {rule.pair.value}" if rule.pair else "")
-    if key not in REQUIRED and not _allows_null(schema):
+    if key not in _REQUIRED_OF.get(table, REQUIRED) and not _allows_null(schema):
         schema = {"anyOf": [schema, _NULL]}  # the router takes a null as "not given"
     return {**schema, "description": description} if description else schema
 
@@ -76,15 +81,22 @@ def _given(key: str) -> dict[str, Any]:
     return {"required": [key], "properties": {key: {"not": _NULL}}}
 
 
+def _item_of(kind: str) -> dict[str, Any]:
+    """An input item of one type: its fields given (a message may leave its type out)."""
+    required = list(ITEM_FIELDS[kind]) if kind == "message" else ["type", *ITEM_FIELDS[kind]]
+    return {"required": required, "properties": {"type": {"const": kind}}}
+
+
 # Rules across fields that a schema can hold (the rest are the router's 400s, as the module's docstring says).
-_ACROSS: dict[str, dict[str, Any]] = {"Generate": {"oneOf": [_given("text"), _given("input_ids")]}}
+_ACROSS: dict[str, dict[str, Any]] = {"Generate": {"oneOf": [_given("text"), _given("input_ids")]},
+                                      "ResponsesInputItem": {"anyOf": [_item_of(kind) for kind in ITEM_FIELDS]}}
 
 
 def _object(table: str, components: dict[str, Any]) -> dict[str, Any]:
     rules = _TABLES[table]
     return {"type": "object", "additionalProperties": False,
             "properties": {key: _field_schema(table, key, rule, components) for key, rule in rules.items()},
-            "required": [key for key in rules if key in REQUIRED], **_ACROSS.get(table, {})}
+            "required": [key for key in rules if key in _REQUIRED_OF.get(table, REQUIRED)], **_ACROSS.get(table, {})}
 
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
@@ -114,6 +126,9 @@ _ANSWERS = {
                                      "index", "message", "finish_reason"], "properties": {
                                      "index": {"type": "integer"}, "message": {"type": "object", "required": [
                                          "role"], "properties": {"role": {"const": "assistant"}}}}}}}},
+    "ResponseAnswer": {"type": "object", "required": ["id", "object", "created_at", "status", "output"],
+                       "properties": {"object": {"const": "response"}, "output": {"type": "array", "items": {
+                           "type": "object", "required": ["type"]}}}},
     "Error": _ERROR,
 }
 # What each PD route may answer besides 200: the request's fault, the router's limits, a failed or missing worker.
@@ -125,10 +140,14 @@ _ERRORS = {"400": "a field the router refuses, named in `param`; or a worker's o
 _PD_ROUTES = {"/generate": ("Generate", "GenerateAnswer", "SGLang's native generation, through a PD pair"),
               "/v1/completions": ("Completion", "CompletionAnswer", "OpenAI completions, through a PD pair"),
               "/v1/chat/completions": ("ChatCompletion", "ChatCompletionAnswer",
-                                       "OpenAI chat completions, through a PD pair")}
+                                       "OpenAI chat completions, through a PD pair"),
+              "/v1/responses": ("Responses", "ResponseAnswer",
+                                "OpenAI responses, as the chat completion of the conversation, through a PD pair")}
+# What a route may answer besides the PD routes' errors.
+_MORE_ERRORS = {"/v1/responses": {"404": "a previous_response_id that is not one of the caller's stored responses"}}
 
 
-def _pd_operation(request: str, answer: str, summary: str) -> dict[str, Any]:
+def _pd_operation(request: str, answer: str, summary: str, errors: dict[str, str]) -> dict[str, Any]:
     error = {"application/json": {"schema": _ref("Error")}}
     return {"post": {
         "summary": summary, "operationId": request[0].lower() + request[1:],
@@ -137,7 +156,25 @@ def _pd_operation(request: str, answer: str, summary: str) -> dict[str, Any]:
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
         "responses": {"200": {"description": "the answer (a stream when `stream` is true)", "content": {
             "application/json": {"schema": _ref(answer)}, "text/event-stream": {"schema": _STREAM}}},
-            **{status: {"description": why, "content": error} for status, why in _ERRORS.items()}}}}
+            **{status: {"description": why, "content": error} for status, why in {**_ERRORS, **errors}.items()}}}}
+
+
+def _stored_routes(paths: dict[str, Any]) -> None:
+    """FastAPI's routes of stored responses and conversations, with the answers the router gives: a refused parameter
+    is its 400 (not FastAPI's 422), another owner's or an absent id a 404, a missing bearer token a 401."""
+    error = {"application/json": {"schema": _ref("Error")}}
+    for path, item in paths.items():
+        if not path.startswith(("/v1/responses/", "/v1/conversations")):
+            continue
+        for operation in item.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            responses.update({status: {"description": _STORED_ERRORS[status], "content": error}
+                              for status in _STORED_ERRORS})
+
+
+_STORED_ERRORS = {"400": "a field or parameter the router refuses, named in `param`", "401": _ERRORS["401"],
+                  "404": "no such id among the caller's (another owner's is not found either)"}
 
 
 def document(fastapi_document: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +185,9 @@ def document(fastapi_document: dict[str, Any]) -> dict[str, Any]:
     doc["components"] = {**doc.get("components", {}),
                          "schemas": {**doc.get("components", {}).get("schemas", {}), **components, **schemas,
                                      **_ANSWERS}}
-    doc["paths"] = {**{path: _pd_operation(*spec) for path, spec in _PD_ROUTES.items()}, **doc["paths"]}
+    doc["paths"] = {**{path: _pd_operation(*spec, _MORE_ERRORS.get(path, {})) for path, spec in _PD_ROUTES.items()},
+                    **doc["paths"]}
+    _stored_routes(doc["paths"])
     metrics = doc["paths"].get("/metrics", {}).get("get")
     if metrics is not None:
         metrics["responses"] = {"200": {"description": "Prometheus text exposition format", "content": {

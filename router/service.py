@@ -22,6 +22,8 @@ from router.checks.validation import check_chat, check_completion, check_generat
 from router.config import RouterConfig
 from router.metrics import RouterMetrics
 from router.openai import fanout, openai_answer
+from router.openai.responses_api import RESPONSES_ROUTE, ResponsesApi
+from router.openai.responses_render import CHAT_ROUTE
 from router.pd.attempt import Attempt, Dispatcher
 from router.pd.failures import HalfFailed
 from router.pd.fan_out_options import FanOutOptions
@@ -52,6 +54,7 @@ class PdService:
     def __init__(self, config: RouterConfig, pairing: Pairing, metrics: RouterMetrics, api_key: str | None):
         self.config, self.pairing, self.metrics, self.api_key = config, pairing, metrics, api_key
         self.tracing = spans.from_config(config, metrics.spans_dropped.inc)  # None when off: no span is made
+        self.responses = ResponsesApi()  # POST /v1/responses, as a chat request; its store is opened at start-up
 
     def routes(self) -> dict[str, Route]:
         """The edge's PD routes (router/transport/edge.py): each path answered by `answer`."""
@@ -59,7 +62,7 @@ class PdService:
             async def handle(http: EdgeRequest) -> Answer | StreamAnswer:
                 return await self.answer(http, path)
             return handle
-        return {path: route(path) for path in CHECKS}
+        return {path: route(path) for path in (*CHECKS, RESPONSES_ROUTE)}
 
     async def answer(self, http: EdgeRequest, route: str) -> Answer | StreamAnswer:
         started = time.monotonic()
@@ -95,6 +98,10 @@ class PdService:
         config = self.config
         check_bearer(http, self.api_key)
         body = parse_json_object(await http.body(config.max_body_bytes), orjson.loads)
+        if route == RESPONSES_ROUTE:  # served as the chat request of its conversation
+            def chat_request(chat: dict[str, Any], checked: Checked) -> PdRequest:
+                return PdRequest(CHAT_ROUTE, request_id, chat, checked, started, config.total_timeout)
+            return await self.responses.answer(body, http.headers, chat_request, self.serve)
         request = PdRequest(route, request_id, body, CHECKS[route](body), started, config.total_timeout)
         if request.checked.client_rid and log.isEnabledFor(logging.INFO):
             log.info("client id", extra={"request_id": request_id, "client_rid": request.checked.client_rid})

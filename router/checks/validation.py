@@ -36,13 +36,17 @@ from router.checks.checked import (
 )
 from router.checks.inventory.native import GENERATE, SAMPLING
 from router.checks.inventory.openai import CHAT, COMPLETION, MESSAGE
+from router.checks.inventory.responses import INPUT_ITEM, RESPONSES
 from router.checks.inventory.rules import Decision, PairLimit, Rule
 
 LIMITS_DOC = "docs/limits.md"
 REQUIRED = frozenset({"messages", "prompt", "role"})  # and a message's content, but in tool calling's (chat_checks.py)
+# The Responses API's own: its input; an input item's fields depend on its type (router/checks/responses_checks.py).
+REQUIRED_IN = {"responses": frozenset({"input"}), "input item": frozenset()}
 # What both workers of the pair must run with (router/checks/chat_checks.py's check_pair_has).
 NEEDS = (PairLimit.TOOL_PARSER, PairLimit.REASONING_PARSER, PairLimit.REASONING_EFFORT, PairLimit.DETERMINISTIC)
-_TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION}
+_TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION,
+           "responses": RESPONSES, "input item": INPUT_ITEM}
 
 
 # --- one table applied to one object -------------------------------------------------------------------------------
@@ -50,7 +54,8 @@ _TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": 
 @cache
 def _model(name: str) -> type[BaseModel]:
     table = _TABLES[name]
-    fields: dict[str, Any] = {key: (rule.type, ... if key in REQUIRED else None)
+    required = REQUIRED_IN.get(name, REQUIRED)
+    fields: dict[str, Any] = {key: (rule.type, ... if key in required else None)
                               for key, rule in table.items() if rule.decision is not Decision.REFUSED}
     return create_model(name, __config__=ConfigDict(extra="forbid", strict=True), **fields)
 
@@ -88,6 +93,11 @@ def _apply(name: str, body: Any, where: str = "") -> BaseModel:
     for key in [key for key in body if table[key].decision is Decision.IGNORED]:
         del body[key]  # accepted, and never sent: SGLang does not know it
     return model
+
+
+def apply_table(name: str, body: Any, where: str = "") -> BaseModel:
+    """One table applied to one object, for the checks of other routes (router/checks/responses_checks.py)."""
+    return _apply(name, body, where)
 
 
 def _deepest_problem(exc: ValidationError) -> tuple[str, str]:

@@ -8,7 +8,7 @@ turn's input from its chain (`responses`), conversations and their ordered items
 Every read and write is scoped by the tenant (`tenant_of(api_key)`): another tenant's id is not found, as an absent one.
 
 Migrations: SQLAlchemy's metadata plus a schema-version table and an ordered list of migrations (`migrations`), not
-alembic. Three tables and one migration do not justify alembic's weight (Mako, an env.py, a script directory scanned at
+alembic. Three tables and two migrations do not justify alembic's weight (Mako, an env.py, a script directory scanned at
 every start, a config object) when the router would still write the part that matters at run time itself: the lock
 that lets two routers start at once on one PostgreSQL, and the refusal of a newer schema. What alembic's autogenerate
 would catch (the code's tables drifting from the migrations') a test catches: it compares a migrated database with

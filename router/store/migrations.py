@@ -7,15 +7,15 @@ the work done. PostgreSQL's and SQLite's DDL is transactional: a failed migratio
 A database at a version this router does not know (a newer router migrated it) is refused, untouched.
 
 A new migration is appended to MIGRATIONS with the next version, and schema.py changed to match; the first migration
-creates schema.py's tables, so the first time the schema changes, its tables are copied into it as they were (the
-test that compares a migrated database with schema.py fails until then)."""
+creates version 1's tables as they were (copied here when version 2 changed schema.py), so that every later
+migration finds the schema it changes (the test that compares a migrated database with schema.py checks the sum)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, insert, select, text, update
+from sqlalchemy import Column, Connection, Float, Index, MetaData, String, Table, Text, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from router.store import schema
@@ -32,13 +32,39 @@ class Migration:
     apply: Callable[[Connection], None]
 
 
+# Version 1's tables, as they were: schema.py's before version 2 added responses.settings (the conversations' tables
+# are unchanged since).
+_V1 = MetaData()
+_V1_RESPONSES = Table(
+    "responses", _V1,
+    Column("id", schema.ID, primary_key=True),
+    Column("tenant", schema.TENANT, nullable=False),
+    Column("created", Float, nullable=False),
+    Column("model", String(256), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("input_items", Text, nullable=False),
+    Column("output_items", Text, nullable=False),
+    Column("usage", Text, nullable=True),
+    Column("previous_response_id", schema.ID, nullable=True),
+    Column("conversation_id", schema.ID, nullable=True),
+    Column("expires", Float, nullable=False),
+)
+Index("responses_expires", _V1_RESPONSES.c.expires)
+schema.conversations.to_metadata(_V1)
+schema.conversation_items.to_metadata(_V1)
+
+
 def _create_responses_and_conversations(conn: Connection) -> None:
-    tables = [schema.responses, schema.conversations, schema.conversation_items]
-    schema.metadata.create_all(conn, tables=tables, checkfirst=False)
+    _V1.create_all(conn, checkfirst=False)
+
+
+def _add_response_settings(conn: Connection) -> None:
+    conn.execute(text("ALTER TABLE responses ADD COLUMN settings TEXT"))
 
 
 MIGRATIONS = [
     Migration(1, "responses, conversations and their items", _create_responses_and_conversations),
+    Migration(2, "responses.settings: the request's settings a retrieved response echoes", _add_response_settings),
 ]
 LATEST = MIGRATIONS[-1].version
 

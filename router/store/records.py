@@ -29,6 +29,7 @@ class NewResponse:
     previous_response_id: str | None = None
     conversation_id: str | None = None
     id: str = field(default_factory=lambda: new_id("resp"))
+    settings: JsonObject | None = None  # the request's settings the Response object echoes
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class StoredResponse:
     previous_response_id: str | None
     conversation_id: str | None
     expires: float
+    settings: JsonObject | None = None  # None: stored without (or by a router of schema version 1)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ class Responses:
             "usage": None if response.usage is None else encode("usage", response.usage, limit),
             "previous_response_id": response.previous_response_id, "conversation_id": response.conversation_id,
             "expires": self.db.expiry(),
+            "settings": None if response.settings is None else encode("settings", response.settings, limit),
         }
         async with self.db.writes.begin() as conn:
             if response.previous_response_id is not None:
@@ -99,4 +100,4 @@ def _stored(row: dict) -> StoredResponse:
         input_items=decode(row["input_items"]), output_items=decode(row["output_items"]),
         usage=None if row["usage"] is None else decode(row["usage"]),
         previous_response_id=row["previous_response_id"], conversation_id=row["conversation_id"],
-        expires=row["expires"])
+        expires=row["expires"], settings=None if row["settings"] is None else decode(row["settings"]))

@@ -47,6 +47,9 @@ responses = Table(
     Column("previous_response_id", ID, nullable=True),
     Column("conversation_id", ID, nullable=True),
     Column("expires", Float, nullable=False),
+    # The request's settings the Response object echoes (instructions, tools, text, ...): a retrieved response is the
+    # one created. Null in rows of version 1.
+    Column("settings", Text, nullable=True),
 )
 Index("responses_expires", responses.c.expires)
 

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 from openai.types.chat import ChatCompletionAssistantMessageParam, ChatCompletionMessage, completion_create_params
+from openai.types.responses import response_create_params
 from sglang.srt.entrypoints.openai import protocol
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-from router.checks.inventory import CHAT, COMPLETION, GENERATE, MESSAGE, SAMPLING, Decision
+from router.checks.inventory import CHAT, COMPLETION, GENERATE, INPUT_ITEM, MESSAGE, RESPONSES, SAMPLING, Decision
 from router.checks.inventory.__main__ import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,8 +82,16 @@ def test_every_field_of_sglang_is_decided_and_nothing_else(table, sglang_fields,
         "undecided (new in SGLang?)": [], "decided but gone from SGLang": []}
 
 
+def test_the_responses_table_is_exactly_the_official_clients_request():
+    """Every field of openai's ResponseCreateParams (and `stream`) decided, and no other: the Responses API is OpenAI's
+    alone (the router serves it as a chat, router/openai/responses_render.py)."""
+    fields = set(response_create_params.ResponseCreateParamsBase.__annotations__) | {"stream"}
+    assert set(RESPONSES) == fields
+    assert {"type", "role", "content", "call_id", "name", "arguments", "output"} <= set(INPUT_ITEM)
+
+
 def test_every_refusal_says_why():
-    for table in (GENERATE, SAMPLING, CHAT, COMPLETION, MESSAGE):
+    for table in (GENERATE, SAMPLING, CHAT, COMPLETION, MESSAGE, RESPONSES, INPUT_ITEM):
         for name, rule in table.items():
             assert rule.decision is not Decision.REFUSED or len(rule.reason) > 10, name
 

@@ -26,7 +26,7 @@ from router.checks.inventory import TABLES, Decision
 from router.config import RouterConfig
 from tests.fakes import FakeWorker, ServerThread
 
-PD_ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions"]
+PD_ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"]
 EXAMPLES = int(os.environ.get("PDCLUSTER_OPENAPI_EXAMPLES", "60"))  # per route and mode: seconds against fakes; more
 # to hunt (the real fuzz run, tests/e2e_smollm2/test_schema_fuzz.py, has its own budget)
 
@@ -57,6 +57,16 @@ def test_every_route_a_client_calls_is_described(contract):
     assert set(contract["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
 
 
+def test_the_stored_responses_and_conversations_routes_are_described_as_the_router_answers(contract):
+    stored = {path: item for path, item in contract["paths"].items()
+              if path.startswith(("/v1/responses/", "/v1/conversations"))}
+    assert {"/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items", "/v1/conversations",
+            "/v1/conversations/{conversation_id}/items"} <= set(stored)
+    for item in stored.values():
+        for operation in item.values():
+            assert {"200", "400", "401", "404"} == set(operation["responses"]), operation  # never FastAPI's 422
+
+
 def test_every_schema_is_valid_json_schema(contract):
     for name, schema in contract["components"]["schemas"].items():
         Draft202012Validator.check_schema(schema), name
@@ -66,7 +76,9 @@ def test_every_schema_is_valid_json_schema(contract):
                                                                          "SamplingParams"),
                                                ("/v1/chat/completions", "ChatCompletion"),
                                                ("/v1/chat/completions messages[]", "Message"),
-                                               ("/v1/completions", "Completion")])
+                                               ("/v1/completions", "Completion"),
+                                               ("/v1/responses", "Responses"),
+                                               ("/v1/responses input[]", "ResponsesInputItem")])
 def test_the_request_schemas_are_the_inventory(contract, table, schema):
     """Every field of the table and no other; a refused field takes only null or SGLang's default."""
     properties = contract["components"]["schemas"][schema]["properties"]
@@ -108,7 +120,8 @@ def test_the_router_keeps_to_its_contract(router_url, contract, route, mode):
 
 STREAMED = {"/generate": {"text": "Hello", "stream": True},
             "/v1/completions": {"model": "m", "prompt": "Hello", "stream": True},
-            "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "stream": True}}
+            "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "stream": True},
+            "/v1/responses": {"model": "m", "input": "Hello", "stream": True}}
 
 
 @pytest.mark.parametrize("route", PD_ROUTES)

@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+import time
 
 import pytest
 from pydantic import ValidationError
-from sqlalchemy import inspect, select, update
+from sqlalchemy import insert, inspect, select, update
 
 from router.config import DEFAULT_SQLITE_URL, RouterConfig, StoreConfig
 from router.store import ANONYMOUS, SchemaTooNew, new_id, open_store, tenant_of
 from router.store.engine import create_engines, loggable_url
-from router.store.migrations import LATEST, migrate
-from router.store.schema import metadata, schema_version
+from router.store.migrations import LATEST, MIGRATIONS, migrate
+from router.store.schema import metadata, responses, schema_version
 
 
 def columns(sync_conn) -> dict[str, dict[str, bool]]:
@@ -118,3 +119,25 @@ def test_ids_are_made_by_the_router_in_openais_shape():
     assert all(re.fullmatch(r"(resp|conv|msg)_[0-9a-f]{48}", i) for i in ids)
     with pytest.raises(ValueError, match="unknown id prefix"):
         new_id("chatcmpl")
+
+
+def test_a_version_1_database_is_migrated_and_its_responses_still_read(store_config):
+    """Version 2 added responses.settings: a row stored by a version 1 router reads, without settings."""
+    async def scenario():
+        reads, writes = create_engines(store_config)
+        async with writes.begin() as conn:
+            await conn.run_sync(lambda sync: MIGRATIONS[0].apply(sync))
+            await conn.run_sync(lambda sync: schema_version.create(sync))
+            await conn.execute(insert(schema_version).values(version=1))
+            await conn.execute(insert(responses).values(
+                id="resp_1", tenant="t", created=1.0, model="m", status="completed", input_items="[]",
+                output_items="[]", expires=time.time() + 60))
+        await reads.dispose()
+        store = await open_store(store_config)
+        assert store is not None
+        found = await store.responses.get("t", "resp_1")
+        await store.close()
+        return found
+
+    found = asyncio.run(scenario())
+    assert found is not None and found.settings is None and found.model == "m"

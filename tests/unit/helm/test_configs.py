@@ -48,13 +48,16 @@ def compose_config(name: str) -> dict:
 
 def test_configs_are_compose_configs(rendered):
     """The chart deploys the compose configs: the CPU demo's exactly, the GPU ones but for two documented keys; only
-    the bootstrap service's address differs (a Kubernetes Service instead of the compose service name)."""
+    the bootstrap service's address differs (a Kubernetes Service instead of the compose service name), and the router
+    keeps no store unless given one (its replicas would each keep their own)."""
     def chart_config(variant: str, component: str) -> dict:
         config = config_file(rendered[variant], component)
         if component in WORKERS:
             assert config["cluster"]["bootstrap_url"] == f"http://{PREFIX}-bootstrap.{NAMESPACE}.svc:8998"
             assert component == "decode" or config.pop("disaggregation-bootstrap-port") == 8999
             return strip(config, "cluster.bootstrap_url")
+        if component == "router":  # no store: the replicas would each keep their own (a PostgreSQL is configured)
+            assert config.pop("store") == {"backend": "none"}
         return strip(config, "bootstrap_url")
 
     for component in ("bootstrap", "router"):

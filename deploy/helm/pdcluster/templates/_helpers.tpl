@@ -64,7 +64,8 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- end -}}
 
 {{- define "pdcluster.routerConfig" -}}
-{{- $defaults := dict "host" "0.0.0.0" "port" 8000 "bootstrap_url" (include "pdcluster.bootstrapURL" .) -}}
+{{- /* No store unless router.config.store names one: the replicas would each keep their own, on a read-only root */ -}}
+{{- $defaults := dict "host" "0.0.0.0" "port" 8000 "bootstrap_url" (include "pdcluster.bootstrapURL" .) "store" (dict "backend" "none") -}}
 {{- toYaml (merge (deepCopy (.Values.router.config | default dict)) $defaults) -}}
 {{- end -}}
 
