@@ -37,12 +37,14 @@ SETTING_DECIDES = ("PYTHONPATH", CPU_ATTENTION_ENV, THREADS_ENV)
 # SGLang's own limit is set far above any probe's timeout.
 # PDCLUSTER_THREAD_GUARD: a worker whose KV-transfer thread died ends instead of serving on
 # (pdcluster/plugins/thread_guard.py).
+# PDCLUSTER_FLIPPED_PREFILL: a decode connects anew to a prefill whose role was flipped and back
+# (pdcluster/plugins/flipped_prefill).
 # SGLANG_SANITIZE_NAN_LOGITS: a grammar that admits no token (`root ::= root`, or a dead end after some tokens) masks
 # every logit to -inf; sampled (not greedy), its probabilities are NaN and torch.multinomial raises in the scheduler,
 # which kills the worker. Sanitized, the masked logits are -1e30: the sampled token is refused by the grammar and SGLang
 # aborts that one request ("Grammar accept_token failed", a 400 from the router). Finite logits are left as they are.
 COMMON_ENV = {"MC_LOG_LEVEL": "ERROR", "SGLANG_HEALTH_CHECK_TIMEOUT": "600", "PDCLUSTER_THREAD_GUARD": "1",
-              "SGLANG_SANITIZE_NAN_LOGITS": "1"}
+              "PDCLUSTER_FLIPPED_PREFILL": "1", "SGLANG_SANITIZE_NAN_LOGITS": "1"}
 # Mooncake's TCP transport rejects a whole batch (the hand-off fails, nothing retried) once more than 1024 queued +
 # 1024 pending transfers wait for one peer; SGLang sends one transfer per run of pages per KV tensor, so a 2.2k-token
 # SmolLM2 prompt on scattered pages (a churned decode pool) already fails. Measured in bench.kv_handoff: 16384 and

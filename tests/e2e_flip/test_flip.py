@@ -90,6 +90,11 @@ def test_a_prefill_flips_to_decode_under_load_loses_nothing_serves_exact_and_fli
         assert_matches(answer["output_ids"], refs[text], reference.eos)
     drain, switched = flipped(switch(wid, "prefill"), wid, "decode", "prefill")
     print(f"flip decode -> prefill on tiny-llama: drain {drain:.2f}s, switch {switched:.2f}s")
+    # decode-0 had served with prefill-1 before its flips: it connects to the new KV manager at once
+    # (pdcluster/plugins/flipped_prefill), so the router's canary through that pair admits prefill-1 well within
+    # SGLang's 60 s KV timeout, which the canary waited out before.
+    assert until(lambda: any(w["worker_id"] == wid and w["role"] == "prefill" and not w["unusable"]
+                             for w in router.get("/ready").json()["workers"]), 30, CLUSTER_POLL)
 
 
 def test_each_refusal_answers_409_with_its_code_and_changes_nothing(router, registry, ids, ask_switch, switch):
