@@ -78,6 +78,15 @@ def _only_vanishing() -> re.Pattern[str]:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """A completion that echoes its prompt with logprobs (what evaluation harnesses send to score a text): the
+    prompt's logprobs are the prefill's, merged into the decode's answer (router/pd/echo.py)."""
+
+    top: bool = True  # top logprobs asked for (`logprobs` > 0); with 0, SGLang computes none of the prompt's: 1 is sent
+    prompt_only: bool = False  # `max_tokens` 0: the prompt scored alone (1 is sent, the completion cut off)
+
+
+@dataclass(frozen=True)
 class Checked:
     """What the router needs to know about a request whose fields are all accepted."""
 
@@ -108,6 +117,7 @@ class Checked:
     # that runs a reasoning parser parses (the same on both: check_for_pair), so each attempt sends it only to such.
     reasoning_effort: str | None = None
     legacy_functions: bool = False  # a chat that gave the deprecated `functions`: answered the legacy way
+    prompt_logprobs: PromptLogprobs | None = None  # a completion's `echo` with `logprobs`
 
     @property
     def hint(self) -> str:

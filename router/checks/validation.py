@@ -29,6 +29,7 @@ from router.checks.checked import (
     CHARS_PER_TOKEN,
     TEMPLATE_TOKENS,
     Checked,
+    PromptLogprobs,
     chat_bound,
     may_vanish,
     text_bound,
@@ -188,25 +189,48 @@ def check_generate(body: dict[str, Any]) -> Checked:
                    _vanishing("text", body["text"]) if not prompts else (), checks.pair_needs())
 
 
+def _prompt_logprobs(body: dict[str, Any]) -> PromptLogprobs | None:
+    """`echo` with `logprobs`: the prompt scored (router/pd/echo.py merges the prefill's logprobs of it). SGLang
+    computes the prompt's only for `logprobs` > 0 and refuses `max_tokens` 0: 1 is sent for each, and the answer
+    made what was asked."""
+    max_tokens = body.get("max_tokens")
+    if body.get("echo") is not True or body.get("logprobs") is None:
+        if max_tokens == 0:
+            raise ApiError(400, "max_tokens: at least 1 (0 only with echo and logprobs: the prompt scored alone)",
+                           "max_tokens")
+        return None
+    if max_tokens == 0 and body.get("stream") is True:
+        raise ApiError(400, "max_tokens: 0 (the prompt scored alone) is answered whole, not streamed", "max_tokens")
+    asked = PromptLogprobs(top=body["logprobs"] > 0, prompt_only=max_tokens == 0)
+    body["logprobs"] = max(body["logprobs"], 1)
+    if asked.prompt_only:
+        body["max_tokens"] = 1
+    return asked
+
+
 def check_completion(body: dict[str, Any]) -> Checked:
     _apply("completion", body)
     checks = _PairChecks()
     checks.gather(COMPLETION, body, skip=frozenset({"prompt"}))
     response_format_schema(body.get("response_format"))
     prompt, stream, extra = body["prompt"], body.get("stream") is True, (tuple(checks.id_fields), tuple(checks.counts))
-    needs, n = checks.pair_needs(), body.get("n") or 1
+    needs, n, echo = checks.pair_needs(), body.get("n") or 1, _prompt_logprobs(body)
     if isinstance(prompt, str):
         return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra,
                        text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt",
-                       may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n)
+                       may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n, prompt_logprobs=echo)
     if isinstance(prompt[0], str):  # a batch of texts (a list of ids or of id lists: below)
         text_batch(prompt, "prompt")
         return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra,
                        text_tokens(prompt), text_bound(prompt), prompt_field="prompt",
-                       may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n)
+                       may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n, prompt_logprobs=echo)
     batch_size, prompts = id_prompts(prompt, "prompt")
+    if batch_size is None and not any(prompts[0]):  # SGLang 0.5.23 reads every id false: "Prompt cannot be empty"
+        raise ApiError(400, "prompt: a prompt of token ids that are all 0 is taken as empty by SGLang's completions "
+                            "(send it to /generate as input_ids)", "prompt")
     return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra,
-                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt", needs=needs, choices=n)
+                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt", needs=needs, choices=n,
+                   prompt_logprobs=echo)
 
 
 def check_chat(body: dict[str, Any]) -> Checked:
