@@ -110,7 +110,7 @@ class Checked:
     # every ordinary request.
     may_vanish: tuple[tuple[str, str], ...] = ()
     # (field, need) of what both workers of the pair must run with (PairLimit.TOOL_PARSER, REASONING_PARSER,
-    # DETERMINISTIC): the first field that needs each, named in the 400 of a pair without it.
+    # REASONING_EFFORT): the first field that needs each, named in the 400 of a pair without it.
     needs: tuple[tuple[str, PairLimit], ...] = ()
     choices: int = 1  # an OpenAI request's `n`: more than 1 is a request per choice (router/openai/fanout.py)
     # A chat's reasoning_effort, out of the body: SGLang makes it the template's thinking switches, which only a pair

@@ -42,7 +42,7 @@ from router.checks.inventory.rules import Decision, PairLimit, Rule
 LIMITS_DOC = "docs/limits.md"
 REQUIRED = frozenset({"messages", "prompt", "role"})  # and a message's content, but in tool calling's (chat_checks.py)
 # What both workers of the pair must run with (router/checks/chat_checks.py's check_pair_has).
-NEEDS = (PairLimit.TOOL_PARSER, PairLimit.REASONING_PARSER, PairLimit.REASONING_EFFORT, PairLimit.DETERMINISTIC)
+NEEDS = (PairLimit.TOOL_PARSER, PairLimit.REASONING_PARSER, PairLimit.REASONING_EFFORT)
 _TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION}
 
 

@@ -30,7 +30,7 @@ def cluster(prefills: list[FakeWorker], decodes: list[FakeWorker], **config):
     with ExitStack() as stack:
         ps = [stack.enter_context(ServerThread(p.app())) for p in prefills]
         ds = [stack.enter_context(ServerThread(d.app())) for d in decodes]
-        seeds = {"deterministic_inference": True}  # so that a seed is accepted (tests/unit/test_pair_needs.py)
+        seeds = {"deterministic_inference": True}  # a seed is honoured exactly (tests/unit/test_seeds.py)
         cfg = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "kv_bootstrap_port": 8999, **seeds} for p in ps],
                            decode=[{"url": d.url, **seeds} for d in ds], health_interval=0.2, **config)
         yield stack.enter_context(ServerThread(create_app(cfg))).url

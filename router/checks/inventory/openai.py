@@ -107,7 +107,8 @@ COMMON: dict[str, Rule] = {
     "skip_special_tokens": SAMPLING["skip_special_tokens"],
     "regex": SAMPLING["regex"],
     "ebnf": SAMPLING["ebnf"],
-    "seed": bounded("as sampling_seed", Seed | None, PairLimit.DETERMINISTIC),
+    "seed": bounded("as sampling_seed; system_fingerprint says which: pdcluster-deterministic or "
+                    "pdcluster-best-effort", Seed | None),
     "user": passed("an end-user id, logged by nobody", Name | None),
     "response_format": bounded("text, json_object, or json_schema (a grammar)", ResponseFormat | None),
     "rid": router("the client's id, logged; SGLang gets a fresh id of the router's", ClientId | None),

@@ -33,7 +33,6 @@ class PairLimit(StrEnum):
     TOOL_PARSER = "the same tool-call parser on both workers"
     REASONING_PARSER = "one reasoning parser on both workers"
     REASONING_EFFORT = "one reasoning parser on both workers, or none: then not sent"
-    DETERMINISTIC = "deterministic inference on both workers"
 
 
 @dataclass(frozen=True)
