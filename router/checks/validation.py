@@ -189,6 +189,12 @@ def check_generate(body: dict[str, Any]) -> Checked:
                    _vanishing("text", body["text"]) if not prompts else (), checks.pair_needs())
 
 
+def _stream_options(body: dict[str, Any]) -> None:
+    """OpenAI's rule: stream_options only with a stream (its 400 for it)."""
+    if "stream_options" in body and body.get("stream") is not True:
+        raise ApiError(400, "stream_options: only allowed when stream is true", "stream_options")
+
+
 def _prompt_logprobs(body: dict[str, Any]) -> PromptLogprobs | None:
     """`echo` with `logprobs`: the prompt scored (router/pd/echo.py merges the prefill's logprobs of it). SGLang
     computes the prompt's only for `logprobs` > 0 and refuses `max_tokens` 0: 1 is sent for each, and the answer
@@ -210,6 +216,7 @@ def _prompt_logprobs(body: dict[str, Any]) -> PromptLogprobs | None:
 
 def check_completion(body: dict[str, Any]) -> Checked:
     _apply("completion", body)
+    _stream_options(body)
     checks = _PairChecks()
     checks.gather(COMPLETION, body, skip=frozenset({"prompt"}))
     response_format_schema(body.get("response_format"))
@@ -235,6 +242,7 @@ def check_completion(body: dict[str, Any]) -> Checked:
 
 def check_chat(body: dict[str, Any]) -> Checked:
     _apply("chat", body)
+    _stream_options(body)
     checks = _PairChecks()
     checks.gather(CHAT, body)
     for i, message in enumerate(body["messages"]):

@@ -1,7 +1,8 @@
 """An OpenAI answer as OpenAI types it, made once the answer is in (router/service.py): every whole answer's
 `metadata`, the `text_offset` of /v1/completions' logprobs, whole or streamed (router/pd/logprobs.py fills them), and
 the answer to the deprecated `functions` as their clients read it (router/openai/legacy_functions.py), whole or
-streamed; and the `system_fingerprint` of a seeded request's answer (below).
+streamed; the `system_fingerprint` of a seeded request's answer (below); and the usage's reasoning tokens where
+OpenAI has them, `completion_tokens_details.reasoning_tokens` (SGLang puts them at the usage's top), whole or streamed.
 
 SGLang puts `metadata: {"weight_version": ..., "weight_versions": [...]}` in every whole chat and completions answer,
 where OpenAI's `metadata` is a map of strings: a strictly typed client fails to decode such an answer. The values
@@ -39,15 +40,57 @@ def shaped(answer: Answer | StreamAnswer, route: str, body: dict[str, Any],
     seeded one's) as the client gets it."""
     offsets = route == "/v1/completions" and body.get("logprobs") is not None
     if isinstance(answer, StreamAnswer):
+        answer.chunks = _stream_usage(answer.chunks)
         if offsets:
             answer.chunks = logprobs.stream_text_offsets(answer.chunks)
         if legacy:
             answer.chunks = legacy_functions.stream(answer.chunks)
         if fingerprint is not None:
             answer.chunks = _stream_fingerprint(answer.chunks, fingerprint)
-    elif offsets or legacy or fingerprint is not None or b'"metadata"' in answer.body:
+    elif offsets or legacy or fingerprint is not None or b'"metadata"' in answer.body or b'"usage"' in answer.body:
         answer.body = whole(answer.body, offsets, legacy, fingerprint)
     return answer
+
+
+def reasoning_in_details(data: Any) -> bool:
+    """The usage's `reasoning_tokens` moved under its `completion_tokens_details`, in place; whether there were any."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict) or "reasoning_tokens" not in usage:
+        return False
+    details = usage.get("completion_tokens_details")
+    usage["completion_tokens_details"] = {**(details if isinstance(details, dict) else {}),
+                                          "reasoning_tokens": number(usage.pop("reasoning_tokens"))}
+    return True
+
+
+async def _stream_usage(chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """A stream with its usage's reasoning tokens where OpenAI has them. Only a chunk that names them is parsed (a
+    usage event, held until it is whole); every other passes as it came."""
+    pending = b""
+    try:
+        async for chunk in chunks:
+            if not pending and b'"reasoning_tokens"' not in chunk:
+                yield chunk
+                continue
+            pending += chunk
+            if pending.endswith(b"\n\n"):
+                yield b"".join(_usage_event(event) for event in pending.split(b"\n\n")[:-1])
+                pending = b""
+        if pending:
+            yield pending
+    finally:  # closed early (the client left): the relay below runs its own clean-up
+        await chunks.aclose()
+
+
+def _usage_event(event: bytes) -> bytes:
+    if event.startswith(b"data: {") and b'"reasoning_tokens"' in event:
+        try:
+            data = json.loads(event[6:])
+        except ValueError:
+            data = None
+        if reasoning_in_details(data):
+            event = b"data: " + dumps(data)
+    return event + b"\n\n"
 
 
 async def _stream_fingerprint(chunks: AsyncGenerator[bytes, None], fingerprint: str) -> AsyncGenerator[bytes, None]:
@@ -78,6 +121,7 @@ def whole(payload: bytes, offsets: bool, legacy: bool = False, fingerprint: str 
         return payload
     changed = offsets and logprobs.fill_text_offsets(answer, {})
     changed = (legacy and legacy_functions.whole(answer)) or changed
+    changed = reasoning_in_details(answer) or changed
     if fingerprint is not None and isinstance(answer, dict) and "choices" in answer:
         answer["system_fingerprint"] = fingerprint
         changed = True

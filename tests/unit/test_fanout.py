@@ -54,7 +54,8 @@ def test_n_choices_are_n_requests_merged_into_one_answer():
     assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
     assert all(c["message"]["content"] == "xxx" and c["finish_reason"] == "length" for c in answer["choices"])
     assert answer["usage"] == {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14,
-                               "prompt_tokens_details": {"cached_tokens": 0}, "reasoning_tokens": 0}
+                               "prompt_tokens_details": {"cached_tokens": 0},
+                               "completion_tokens_details": {"reasoning_tokens": 0}}  # where OpenAI has them
     assert answer["object"] == "chat.completion" and isinstance(answer["id"], str)
     assert len(decode.received) == len(prefill.received) == 3
     assert all("n" not in body for body in decode.received)  # each is a request for one choice
