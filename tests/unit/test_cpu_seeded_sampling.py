@@ -63,11 +63,17 @@ def test_sglangs_samplers_sample_by_the_seed_once_applied_and_min_p_is_kept(appl
     filtered = [sampler.top_k_top_p_min_p_sampling_from_probs_torch(probs, top_k, top_p, min_p, False, seeds, positions)
                 for _ in range(3)]
     assert all(torch.equal(filtered[0], other) for other in filtered)
-    # SGLang's seeded path asserts on min_p: such a batch is sampled unseeded, within min_p
-    top = probs.argmax(dim=-1)
-    kept = sampler.top_k_top_p_min_p_sampling_from_probs_torch(probs, top_k, top_p, torch.tensor([1.0, 1.0]), True,
-                                                                seeds, positions)
-    assert torch.equal(kept.long(), top)
+    # SGLang's seeded path asserts on min_p: the plugin applies it first, still by the seed
+    before = probs.clone()
+    only_top = sampler.top_k_top_p_min_p_sampling_from_probs_torch(probs, top_k, top_p, torch.tensor([1.0, 1.0]),
+                                                                    True, seeds, positions)
+    assert torch.equal(only_top.long(), probs.argmax(dim=-1)) and torch.equal(probs, before)  # theirs untouched
+    wide = torch.softmax(torch.zeros(2, 64), dim=-1)  # every token as likely: min_p 0.5 keeps all
+    by_min_p = [sampler.top_k_top_p_min_p_sampling_from_probs_torch(wide, torch.tensor([64, 64]), torch.tensor(
+        [1.0, 1.0]), torch.tensor([0.5, 0.5]), True, seeds, positions) for _ in range(2)]
+    unfiltered = sampler.top_k_top_p_min_p_sampling_from_probs_torch(wide, torch.tensor([64, 64]), torch.tensor(
+        [1.0, 1.0]), torch.tensor([0.0, 0.0]), False, seeds, positions)
+    assert torch.equal(by_min_p[0], by_min_p[1]) and torch.equal(by_min_p[0], unfiltered)
 
 
 def request(seed: int | None) -> SimpleNamespace:

@@ -10,8 +10,7 @@ a row without) through SGLang's seeded path (Gumbel-max over the token's log-pro
 from a torch generator seeded by the row's seed and the token's position instead of the Triton hash. The same seed on
 the same prompt gives the same tokens whatever else is batched with it, as long as the logits are the same: on an
 idle cluster (batching on a busy one may change the logits in their last bits). Batches without a seeded request are
-sampled as before. `min_p` stays honoured: a batch that needs it is sampled unseeded (SGLang's seeded sampler asserts
-on it).
+sampled as before. `min_p` stays honoured: applied before SGLang's seeded sampler, which asserts on it.
 
 Entry point `pdcluster_cpu_seeded_sampling` in group `sglang.srt.plugins`. Active only with
 PDCLUSTER_CPU_SEEDED_SAMPLING=1 (the launcher sets it for CPU workers) and no CUDA device. Every SGLang function it

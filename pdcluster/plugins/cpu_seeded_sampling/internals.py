@@ -100,14 +100,20 @@ def aligning(merge_batch: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any
     return wrapper
 
 
-def min_p_unseeded(sample: Callable[..., Any]) -> Callable[..., Any]:
-    """SGLang's top-k/top-p/min-p sampler, unseeded for a batch that needs min_p (its seeded path asserts on it)."""
+def min_p_seeded(sample: Callable[..., Any]) -> Callable[..., Any]:
+    """SGLang's top-k/top-p/min-p sampler, whose seeded path asserts on min_p (its weights would need renormalising
+    for a multinomial; Gumbel-max needs none): a seeded batch's min_p is applied first, on a copy of the
+    probabilities (the answer's logprobs are read from them), and the sampler asked for top-k and top-p only. The
+    same tokens survive: min_p's threshold is a share of the largest probability, which top-k and top-p keep, and the
+    tokens below it are the least likely, whose removal changes no cumulative sum top-p reads before them."""
 
     @functools.wraps(sample)
-    def wrapper(probs: Any, top_ks: Any, top_ps: Any, min_ps: Any, need_min_p_sampling: bool, sampling_seed: Any,
-                positions: Any, **kwargs: Any) -> Any:
-        seeds = None if need_min_p_sampling else sampling_seed
-        return sample(probs, top_ks, top_ps, min_ps, need_min_p_sampling, seeds, positions, **kwargs)
+    def wrapper(probs: torch.Tensor, top_ks: Any, top_ps: Any, min_ps: torch.Tensor, need_min_p_sampling: bool,
+                sampling_seed: Any, positions: Any, **kwargs: Any) -> Any:
+        if need_min_p_sampling and sampling_seed is not None:
+            threshold = probs.max(dim=-1, keepdim=True).values * min_ps.view(-1, 1)
+            probs, need_min_p_sampling = probs.masked_fill(probs < threshold, 0.0), False
+        return sample(probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions, **kwargs)
 
     wrapper.pdcluster_wrapped = sample  # type: ignore[attr-defined]
     return wrapper
@@ -144,7 +150,7 @@ def apply() -> list[str]:
     # Module attributes: SGLang's samplers call both by their module name.
     setattr(sampler, "multinomial_with_seed", multinomial_with_seed)  # noqa: B010
     setattr(sampler, "top_k_top_p_min_p_sampling_from_probs_torch",  # noqa: B010
-            min_p_unseeded(current["top_k_top_p_min_p_sampling_from_probs_torch"]))
+            min_p_seeded(current["top_k_top_p_min_p_sampling_from_probs_torch"]))
     info_cls.from_schedule_batch = classmethod(seeding(current["SamplingBatchInfo.from_schedule_batch"]))
     info_cls.merge_batch = aligning(current["SamplingBatchInfo.merge_batch"])
     return [f"{SAMPLER}.multinomial_with_seed", f"{SAMPLER}.top_k_top_p_min_p_sampling_from_probs_torch",
