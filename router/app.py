@@ -7,6 +7,7 @@ import contextlib
 from typing import Any
 
 import httpx
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.telemetry import TelemetryConfig
@@ -157,6 +158,11 @@ def _control_routes(app: FastAPI, pool: WorkerPool, metrics: RouterMetrics, api_
     async def models(request: Request) -> Response:
         return await from_a_decode(request, "/v1/models")
 
+    @app.get("/v1/models/{model_id:path}", responses={404: {"description": "no served model has this id"}})
+    async def model(request: Request, model_id: str) -> Response:
+        """One model's card as SGLang answers it, found in a decode's list (a client's path never reaches a worker)."""
+        return _model_card(await from_a_decode(request, "/v1/models"), model_id)
+
     @app.get("/get_model_info")
     async def model_info(request: Request) -> Response:
         return await from_a_decode(request, "/get_model_info")
@@ -175,6 +181,17 @@ def _control_routes(app: FastAPI, pool: WorkerPool, metrics: RouterMetrics, api_
         return JSONResponse({"ready": ok, "detail": detail, "workers": [_worker_state(w) for w in
                                                                          pool.workers.values()]},
                             status_code=200 if ok else 503)
+
+
+def _model_card(listed: Response, model_id: str) -> Response:
+    """`model_id`'s card in a decode's /v1/models answer; 404 if it lists none (the decode's error, as it is)."""
+    data = orjson.loads(listed.body).get("data") if listed.status_code == 200 else None
+    if not isinstance(data, list):
+        return listed
+    for card in data:
+        if isinstance(card, dict) and card.get("id") == model_id:
+            return JSONResponse(card)
+    raise ApiError(404, f"The model '{model_id}' does not exist", "model")
 
 
 def _worker_state(w: Worker) -> dict[str, Any]:

@@ -153,5 +153,7 @@ class PdService:
                 answer.headers["x-pdcluster-decode"] = decode.worker_id
                 if choice.predicted_cached is not None:  # the KV index chose the prefill: what it expected there
                     answer.headers["x-pdcluster-cached-tokens-predicted"] = str(choice.predicted_cached)
-            return answer if route == "/generate" else openai_answer.shaped(answer, route, request.body,
-                                                                            request.checked.legacy_functions)
+            if route == "/generate":
+                return answer
+            return openai_answer.shaped(answer, route, request.body, request.checked.legacy_functions,
+                                        openai_answer.seed_fingerprint(request.body, prefill, decode))

@@ -1,9 +1,9 @@
 """The one registration of pdcluster's CPU plugins (pdcluster/plugins/cpu_attention, cpu_fork, cpu_hicache,
-cpu_idle_yield, cpu_transfer_race): each package's __init__ declares a `CpuPlugin` (its name, its variable, what SGLang
-uses instead on CUDA) and exposes its `register`, the `sglang.srt.plugins` entry point; what it adapts is in its
-internals.py. Shared here: when a plugin is on, how it recognises the SGLang code it adapts (fingerprints), and how it
-refuses to start. SGLang's load_plugins() calls each register() in the launcher and in every scheduler/detokenizer
-process; a plugin acts only when its variable is 1 and torch sees no CUDA device."""
+cpu_idle_yield, cpu_seeded_sampling, cpu_transfer_race): each package's __init__ declares a `CpuPlugin` (its name, its
+variable, what SGLang uses instead on CUDA) and exposes its `register`, the `sglang.srt.plugins` entry point; what it
+adapts is in its internals.py. Shared here: when a plugin is on, how it recognises the SGLang code it adapts
+(fingerprints), and how it refuses to start. SGLang's load_plugins() calls each register() in the launcher and in every
+scheduler/detokenizer process; a plugin acts only when its variable is 1 and torch sees no CUDA device."""
 
 from __future__ import annotations
 

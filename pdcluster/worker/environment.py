@@ -94,6 +94,8 @@ def _cpu_env(cluster: ClusterSettings, role_cpu_env: dict[str, str], env: dict[s
     added["PDCLUSTER_CPU_FORK"] = "1"
     # pdcluster/plugins/cpu_idle_yield: a scheduler waiting on a hand-off leaves the cores to the other's
     added["PDCLUSTER_CPU_IDLE_YIELD"] = "1"
+    # pdcluster/plugins/cpu_seeded_sampling: a request's seed decides its sampled tokens
+    added["PDCLUSTER_CPU_SEEDED_SAMPLING"] = "1"
     return added
 
 

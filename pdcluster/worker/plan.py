@@ -188,6 +188,9 @@ def _set_defaults(rules: RoleRules, options: SGLangOptions, cpu: bool, kv: KVSto
         for key, value in {**CPU_FLAGS, **rules.CPU_FLAGS}.items():
             options.set_default(key, value)
     options.set_default("disaggregation-transfer-backend", "mooncake")  # explicit, whatever SGLang's default
+    # OpenAI answers' usage.prompt_tokens_details.cached_tokens (chat and completions, whole and streamed): SGLang
+    # leaves it null without this; the decode answers, with the prefill's count.
+    options.set_default("enable-cache-report", True)
     if kv is not None:
         options.set_default("page-size", KV_PAGE_SIZE)
         for key, value in rules.kv_store_flags(kv, KV_DEVICE_FLAGS[cpu]).items():

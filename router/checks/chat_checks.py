@@ -136,7 +136,7 @@ def check_pair_has(field: str, need: PairLimit, workers: tuple[tuple[str, Worker
     """Both workers run what `field` needs: the same tool-call parser (each constrains the answer by it, the prefill
     its first token; the decode reads the calls out of it), the same reasoning parser (each renders the reasoning of
     the history by its markers and switches thinking by it; the decode splits the answer by it; for reasoning_effort,
-    which SGLang makes the thinking switches, or none on both), or deterministic inference (else seeds are moot)."""
+    which SGLang makes the thinking switches, or none on both)."""
     if need in _PARSERS:
         what, parser, attribute = _PARSERS[need]
         named = [(name, getattr(caps, attribute)) for name, caps in workers]
@@ -147,16 +147,10 @@ def check_pair_has(field: str, need: PairLimit, workers: tuple[tuple[str, Worker
         if len({found for _, found in named}) > 1:
             raise ApiError(400, f"{field}: the pair's workers run different {parser}s (" + ", ".join(
                 f"{name}: {found}" for name, found in named) + "); it needs the same on both", field)
-    elif need is PairLimit.REASONING_EFFORT:  # the same parser, or none on both (then it is not sent: no effect)
-        if len({caps.reasoning_parser for _, caps in workers}) > 1:
-            raise ApiError(400, f"{field}: the pair's workers run different reasoning parsers (" + ", ".join(
-                f"{name}: {caps.reasoning_parser or 'none'}" for name, caps in workers) + "); it needs the same on "
-                "both (or none on both, where it has no effect)", field)
-    elif lacking := " and the ".join(name for name, caps in workers if not caps.deterministic_inference) or (
-            "" if workers else "pair"):
-        raise ApiError(400, f"{field}: this cluster's workers do not run SGLang's deterministic inference "
-                            f"(--enable-deterministic-inference), so a seed could not be honoured (the {lacking} "
-                            f"runs without it)", field)
+    elif len({caps.reasoning_parser for _, caps in workers}) > 1:  # REASONING_EFFORT: one parser or none on both
+        raise ApiError(400, f"{field}: the pair's workers run different reasoning parsers (" + ", ".join(
+            f"{name}: {caps.reasoning_parser or 'none'}" for name, caps in workers) + "); it needs the same on "
+            "both (or none on both, where it has no effect)", field)
 
 
 # --- OpenAI's deprecated function calling (its answer: router/openai/legacy_functions.py) ----------------------

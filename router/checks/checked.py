@@ -78,6 +78,15 @@ def _only_vanishing() -> re.Pattern[str]:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """A completion that echoes its prompt with logprobs (what evaluation harnesses send to score a text): the
+    prompt's logprobs are the prefill's, merged into the decode's answer (router/pd/echo.py)."""
+
+    top: bool = True  # top logprobs asked for (`logprobs` > 0); with 0, SGLang computes none of the prompt's: 1 is sent
+    prompt_only: bool = False  # `max_tokens` 0: the prompt scored alone (1 is sent, the completion cut off)
+
+
+@dataclass(frozen=True)
 class Checked:
     """What the router needs to know about a request whose fields are all accepted."""
 
@@ -101,13 +110,14 @@ class Checked:
     # every ordinary request.
     may_vanish: tuple[tuple[str, str], ...] = ()
     # (field, need) of what both workers of the pair must run with (PairLimit.TOOL_PARSER, REASONING_PARSER,
-    # DETERMINISTIC): the first field that needs each, named in the 400 of a pair without it.
+    # REASONING_EFFORT): the first field that needs each, named in the 400 of a pair without it.
     needs: tuple[tuple[str, PairLimit], ...] = ()
     choices: int = 1  # an OpenAI request's `n`: more than 1 is a request per choice (router/openai/fanout.py)
     # A chat's reasoning_effort, out of the body: SGLang makes it the template's thinking switches, which only a pair
     # that runs a reasoning parser parses (the same on both: check_for_pair), so each attempt sends it only to such.
     reasoning_effort: str | None = None
     legacy_functions: bool = False  # a chat that gave the deprecated `functions`: answered the legacy way
+    prompt_logprobs: PromptLogprobs | None = None  # a completion's `echo` with `logprobs`
 
     @property
     def hint(self) -> str:

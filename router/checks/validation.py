@@ -38,13 +38,14 @@ from router.checks.inventory.native import GENERATE, SAMPLING
 from router.checks.inventory.openai import CHAT, COMPLETION, MESSAGE
 from router.checks.inventory.responses import INPUT_ITEM, RESPONSES
 from router.checks.inventory.rules import Decision, PairLimit, Rule
+from router.checks.openai_options import prompt_logprobs, stream_options_need_a_stream
 
 LIMITS_DOC = "docs/limits.md"
 REQUIRED = frozenset({"messages", "prompt", "role"})  # and a message's content, but in tool calling's (chat_checks.py)
 # The Responses API's own: its input; an input item's fields depend on its type (router/checks/responses_checks.py).
 REQUIRED_IN = {"responses": frozenset({"input"}), "input item": frozenset()}
 # What both workers of the pair must run with (router/checks/chat_checks.py's check_pair_has).
-NEEDS = (PairLimit.TOOL_PARSER, PairLimit.REASONING_PARSER, PairLimit.REASONING_EFFORT, PairLimit.DETERMINISTIC)
+NEEDS = (PairLimit.TOOL_PARSER, PairLimit.REASONING_PARSER, PairLimit.REASONING_EFFORT)
 _TABLES = {"generate": GENERATE, "sampling": SAMPLING, "chat": CHAT, "message": MESSAGE, "completion": COMPLETION,
            "responses": RESPONSES, "input item": INPUT_ITEM}
 
@@ -200,27 +201,33 @@ def check_generate(body: dict[str, Any]) -> Checked:
 
 def check_completion(body: dict[str, Any]) -> Checked:
     _apply("completion", body)
+    stream_options_need_a_stream(body)
     checks = _PairChecks()
     checks.gather(COMPLETION, body, skip=frozenset({"prompt"}))
     response_format_schema(body.get("response_format"))
     prompt, stream, extra = body["prompt"], body.get("stream") is True, (tuple(checks.id_fields), tuple(checks.counts))
-    needs, n = checks.pair_needs(), body.get("n") or 1
+    needs, n, echo = checks.pair_needs(), body.get("n") or 1, prompt_logprobs(body)
     if isinstance(prompt, str):
         return Checked(None, stream, prompt, None, (), _client_rid(body.get("rid"), None), *extra,
                        text_tokens([prompt]), text_bound([prompt]), prompt_field="prompt",
-                       may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n)
+                       may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n, prompt_logprobs=echo)
     if isinstance(prompt[0], str):  # a batch of texts (a list of ids or of id lists: below)
         text_batch(prompt, "prompt")
         return Checked(len(prompt), stream, prompt[0], None, (), _client_rid(body.get("rid"), len(prompt)), *extra,
                        text_tokens(prompt), text_bound(prompt), prompt_field="prompt",
-                       may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n)
+                       may_vanish=_vanishing("prompt", prompt), needs=needs, choices=n, prompt_logprobs=echo)
     batch_size, prompts = id_prompts(prompt, "prompt")
+    if batch_size is None and not any(prompts[0]):  # SGLang 0.5.23 reads every id false: "Prompt cannot be empty"
+        raise ApiError(400, "prompt: a prompt of token ids that are all 0 is taken as empty by SGLang's completions "
+                            "(send it to /generate as input_ids)", "prompt")
     return Checked(batch_size, stream, prompts[0], "prompt", prompts, _client_rid(body.get("rid"), batch_size), *extra,
-                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt", needs=needs, choices=n)
+                   sum(map(len, prompts)), max(map(len, prompts)), True, "prompt", needs=needs, choices=n,
+                   prompt_logprobs=echo)
 
 
 def check_chat(body: dict[str, Any]) -> Checked:
     _apply("chat", body)
+    stream_options_need_a_stream(body)
     checks = _PairChecks()
     checks.gather(CHAT, body)
     for i, message in enumerate(body["messages"]):

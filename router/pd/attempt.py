@@ -24,6 +24,7 @@ from router.config import RouterConfig
 from router.fleet.workers import Worker, mark_failed
 from router.metrics import RouterMetrics
 from router.pd import failures, logprobs
+from router.pd.echo import EchoStream, merge_whole
 from router.pd.failures import HALF_ERRORS, TRANSPORT_ERRORS, DeadlinePassed, HalfFailed
 from router.pd.fan_out_options import FanOutOptions
 from router.pd.prefill_half import PrefillHalf
@@ -125,7 +126,7 @@ class Attempt:
                 return StreamAnswer(response.status, self._relay(response, prefill_half), headers, self.end)
             payload = await response.read()
             if request.merge_logprobs:
-                payload = logprobs.merge_answer(payload, await prefill_half.answer())
+                payload = _merged(request, payload, await prefill_half.answer())
         except HALF_ERRORS as exc:
             failure = failures.as_failure(self.decode, exc)
             self.end(AttemptState.FAILED_BEFORE_FIRST_BYTE, failure)
@@ -159,7 +160,7 @@ class Attempt:
         """The decode's SSE stream, chunk by chunk; an error event if either half fails or a deadline passes."""
         request, metrics = self.request, self.d.metrics
         first_at, events, last = 0.0, 0, b""
-        chunks = response.iter_chunks()
+        chunks, asked, echoed = response.iter_chunks(), request.checked.prompt_logprobs, None
         try:
             async for chunk in chunks if not request.merge_logprobs else logprobs.sse_events(chunks):
                 if not first_at:
@@ -168,8 +169,12 @@ class Attempt:
                         self.first_token_timer.cancel()
                     if self.timed:
                         metrics.ttft.labels(request.route).observe(first_at - request.attempt_started)
-                    if request.merge_logprobs:
+                    if asked is not None:  # a completion's echoed prompt: each choice's first event
+                        echoed = EchoStream(await prefill_half.answer(), asked)
+                    elif request.merge_logprobs:
                         chunk = logprobs.merge_first_event(chunk, logprobs.prefill_answer(await prefill_half.answer()))
+                if echoed is not None:
+                    chunk = echoed.event(chunk)
                 events += chunk.count(b"\n\n")  # an event's end: JSON strings escape their newlines
                 if b"cached_tokens" in chunk:
                     last = chunk
@@ -228,3 +233,9 @@ class Attempt:
         if streamed and self.timed:  # the request's duration is its relay's (service.py times the rest)
             self.d.metrics.latency.labels(self.request.route).observe(time.monotonic() - self.request.started)
         self.outcome = Outcome(ending, failure, aborted)
+
+
+def _merged(request: PdRequest, decode: bytes, prefill: bytes) -> bytes:
+    """A whole answer with the prefill's input logprobs merged in: a completion's echoed prompt, or /generate's."""
+    asked = request.checked.prompt_logprobs
+    return merge_whole(decode, prefill, asked) if asked is not None else logprobs.merge_answer(decode, prefill)

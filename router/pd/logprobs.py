@@ -78,10 +78,11 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None
 # SGLang 0.5.23 writes -1 for every `text_offset`. The router fills them in: each token's offset in its choice's
 # `text`, counted from the completion's first character (`text[offset:]` starts with the token), as vLLM does.
 # OpenAI's own service counted from the prompt's start (its first offset was the prompt's length; add it for that);
-# `echo`, which would put the prompt into the text, is refused by this router. A token's string is found in the text
-# where the last one ended: also after whitespace its string lost (SentencePiece tokens decoded alone), and a
-# character split over several tokens (SGLang writes each byte as one latin-1 character) at that character's start.
-# A token the text does not show (a special token, a stop string trimmed from the end) starts where the next one does.
+# with `echo` the text starts with the prompt, and so do the offsets (router/pd/echo.py). A token's string is found
+# in the text where the last one ended: also after whitespace its string lost (SentencePiece tokens decoded alone),
+# and a character split over several tokens (SGLang writes each byte as one latin-1 character) at that character's
+# start. A token the text does not show (a special token, a stop string trimmed from the end) starts where the next
+# one does.
 
 _LOST_SPACES = 4  # whitespace a token's own string may lack at its start
 

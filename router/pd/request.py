@@ -36,7 +36,9 @@ class PdRequest:
         self.route, self.request_id, self.body, self.checked = route, request_id, body, checked
         self.started = started  # time.monotonic() when the request came in
         self.deadline = started + total_timeout  # by which the whole answer must be over, streamed or not
-        self.merge_logprobs = route == "/generate" and wants_logprobs(body)  # by router/pd/logprobs.py
+        # The prefill's input logprobs merged into the answer: by router/pd/logprobs.py, or router/pd/echo.py for a
+        # completion's echoed prompt.
+        self.merge_logprobs = (route == "/generate" and wants_logprobs(body)) or checked.prompt_logprobs is not None
         self.headers = {"x-request-id": request_id, "content-type": "application/json"}  # sent to both halves
         self.attempt = -1  # the current attempt, from 0
         self.tried: set[str] = set()  # workers that failed this request: the next attempt avoids them

@@ -30,7 +30,7 @@ def cluster(prefills: list[FakeWorker], decodes: list[FakeWorker], **config):
     with ExitStack() as stack:
         ps = [stack.enter_context(ServerThread(p.app())) for p in prefills]
         ds = [stack.enter_context(ServerThread(d.app())) for d in decodes]
-        seeds = {"deterministic_inference": True}  # so that a seed is accepted (tests/unit/test_pair_needs.py)
+        seeds = {"deterministic_inference": True}  # a seed is honoured exactly (tests/unit/test_seeds.py)
         cfg = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "kv_bootstrap_port": 8999, **seeds} for p in ps],
                            decode=[{"url": d.url, **seeds} for d in ds], health_interval=0.2, **config)
         yield stack.enter_context(ServerThread(create_app(cfg))).url
@@ -54,7 +54,8 @@ def test_n_choices_are_n_requests_merged_into_one_answer():
     assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
     assert all(c["message"]["content"] == "xxx" and c["finish_reason"] == "length" for c in answer["choices"])
     assert answer["usage"] == {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14,
-                               "prompt_tokens_details": {"cached_tokens": 0}, "reasoning_tokens": 0}
+                               "prompt_tokens_details": {"cached_tokens": 0},
+                               "completion_tokens_details": {"reasoning_tokens": 0}}  # where OpenAI has them
     assert answer["object"] == "chat.completion" and isinstance(answer["id"], str)
     assert len(decode.received) == len(prefill.received) == 3
     assert all("n" not in body for body in decode.received)  # each is a request for one choice

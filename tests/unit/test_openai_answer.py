@@ -36,3 +36,19 @@ def test_chat_and_completions_answers_through_the_router_carry_string_metadata()
             assert all(isinstance(v, str) for v in answer["metadata"].values()), answer
         generated = httpx.post(f"{url}/generate", json={"text": "hi"}).json()
     assert generated["metadata"] == SGLANG_METADATA  # the native API is SGLang's own: left as it is
+
+
+def test_reasoning_tokens_are_where_openai_has_them_whole_and_streamed():
+    """SGLang puts `reasoning_tokens` at the usage's top; OpenAI's clients read usage.completion_tokens_details."""
+    decode = FakeWorker(Behaviour(chunks=2))
+    with cluster(FakeWorker(), decode) as url:
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        whole = httpx.post(f"{url}/v1/chat/completions", json=body).json()
+        streamed = httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": True, "stream_options": {
+            "include_usage": True}})
+        merged = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "n": 2}).json()
+    usages = [whole["usage"], merged["usage"]] + [json.loads(line[6:])["usage"] for line in streamed.text.splitlines()
+                                                  if line.startswith("data: {") and '"usage"' in line]
+    assert len(usages) == 3
+    for usage in usages:
+        assert "reasoning_tokens" not in usage and usage["completion_tokens_details"] == {"reasoning_tokens": 0}

@@ -65,7 +65,13 @@ def test_valid_generate_bodies_pass_and_report_batches():
         # A fuzzer's find: echo 0 equals false, but it is no boolean (the schema says so).
         (check_completion, {"model": "m", "prompt": "a", "echo": 0}, "echo"),
         (check_completion, {"model": "m", "prompt": "a", "echo": 0.0}, "echo"),
-        (check_completion, {"model": "m", "prompt": "a", "echo": True}, "echo"),
+        (check_completion, {"model": "m", "prompt": "a", "echo": 1}, "echo"),
+        # SGLang 0.5.23's completions read a prompt of ids all 0 as empty: its 400 named the worker.
+        (check_completion, {"model": "m", "prompt": [0, 0]}, "prompt"),
+        # OpenAI's 400: stream_options only with stream true
+        (check_completion, {"model": "m", "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
+        (check_chat, {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": False,
+                      "stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )
 def test_bad_openai_bodies_get_400_naming_the_field(check, body, param):

@@ -69,6 +69,13 @@ def test_decode_cpu_profile_and_gpu_gets_none_of_it(tmp_path, model_dir):
     assert argv_value(gpu.command, "--disaggregation-transfer-backend") == "mooncake"
 
 
+@pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
+def test_openai_usage_reports_cached_tokens_unless_a_config_says_not(tmp_path, model_dir, role):
+    assert "--enable-cache-report" in plan(tmp_path, model_dir, role=role).command
+    assert "--enable-cache-report" in plan(tmp_path, model_dir, role=role, device="cuda").command
+    assert "--enable-cache-report" not in plan(tmp_path, model_dir, "enable-cache-report: false", role=role).command
+
+
 def test_cpu_skips_the_model_modules_that_cannot_hold_the_models_class(tmp_path, model_dir):
     """SGLang imports every model module to find one class; on CPU the others are skipped (3-4 s of each start)."""
     assert "SGLANG_DISABLED_MODEL_ARCHS" not in plan(tmp_path, model_dir).env_added  # no architectures: none skipped

@@ -81,7 +81,9 @@ SAMPLING: dict[str, Rule] = {
     "stream_interval": bounded("tokens per streamed event, 1 to 1024", StreamInterval | None),
     "logit_bias": bounded("token ids (decimal strings) in the vocabulary, biases in [-100, 100]", LogitBias | None,
                           PairLimit.TOKEN_IDS),
-    "sampling_seed": bounded("a non-negative 64-bit integer", Seed | None, PairLimit.DETERMINISTIC),
+    "sampling_seed": bounded("a non-negative 64-bit integer: reproducible under any load on a pair that runs "
+                             "deterministic inference, on CPU workers when idle (their seeded sampler: "
+                             "pdcluster/plugins/cpu_seeded_sampling)", Seed | None),
     "custom_params": refused("read only by custom logit processors (refused), and SGLang keeps private keys in it"),
     "watermark": refused("watermarking is configured on the server, not per request"),
     # SGLang's internal state, filled in by its normalize(): a client's value would skip that.

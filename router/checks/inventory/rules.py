@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr
 
 
 class Decision(StrEnum):
@@ -33,7 +33,6 @@ class PairLimit(StrEnum):
     TOOL_PARSER = "the same tool-call parser on both workers"
     REASONING_PARSER = "one reasoning parser on both workers"
     REASONING_EFFORT = "one reasoning parser on both workers, or none: then not sent"
-    DETERMINISTIC = "deterministic inference on both workers"
 
 
 @dataclass(frozen=True)
@@ -102,18 +101,9 @@ INT32 = 2**31 - 1
 Flag = StrictBool
 
 
-def _false(value: bool) -> bool:
-    if value:
-        raise ValueError("only false is accepted")
-    return value
-
-
-# A field served only at false. Not Literal[False]: pydantic matches literals by equality, so it took 0 and 0.0.
-OnlyFalse = Annotated[StrictBool, AfterValidator(_false), WithJsonSchema({"type": "boolean", "const": False})]
 Text = Annotated[StrictStr, Field(min_length=1)]  # SGLang makes an empty prompt of "" with a tokenizer without BOS
 Name = Annotated[StrictStr, Field(max_length=MAX_NAME_CHARS)]
 Count = Annotated[StrictInt, Field(ge=0, le=INT32)]  # and <= the pair's context length (PairLimit.TOKENS)
-PositiveCount = Annotated[StrictInt, Field(ge=1, le=INT32)]  # likewise
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT32)]  # and < the pair's vocabulary (PairLimit.TOKEN_IDS)
 TokenIds = Annotated[list[TokenId], Field(max_length=MAX_IDS_LISTED)]
 Temperature = Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)]
