@@ -98,6 +98,43 @@ class StoreConfig(BaseModel):
         return self.url or DEFAULT_SQLITE_URL
 
 
+class PriorityClass(BaseModel):
+    """A priority class of admission (router/pd/gate.py): its bound on a new request's predicted prefill wait, and
+    the router's queue for the requests over it (FIFO; after queue_wait seconds, or with the queue full: a 429)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Served first among the classes with requests queued (higher first).
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    max_predicted_wait: float = Field(default=20.0, gt=0)  # seconds
+    queue_length: int = Field(default=256, ge=0)
+    queue_wait: float = Field(default=10.0, ge=0)  # seconds; 0: over the bound is a 429 at once
+
+
+class AdmissionConfig(BaseModel):
+    """Admission by predicted wait (router/pd/gate.py, router/pd/queue_wait.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    # A capacity profile (`make profile`: configs/profiles/); its rates are the start of the prefills of its model
+    # (matched by served model name) until they are measured. Unset: every prefill starts at unmeasured_tokens_per_s.
+    profile: str | None = None
+    unmeasured_tokens_per_s: float = Field(default=100.0, gt=0)
+    # SGLANG_DISAGGREGATION_WAITING_TIMEOUT as the launchers set it (configs/decode.yaml): every class's bound is at
+    # most half of it, so that an admitted request's decode never waits out its KV.
+    kv_wait_timeout: float = Field(default=60.0, gt=0)
+    classes: dict[str, PriorityClass] = Field(default_factory=lambda: {"default": PriorityClass()})
+
+    @model_validator(mode="after")
+    def _bounds_under_kv_timeout(self) -> AdmissionConfig:
+        if "default" not in self.classes:
+            raise ValueError("classes: a class named 'default' is required (requests of no tenant)")
+        for name, klass in self.classes.items():
+            if klass.max_predicted_wait > self.kv_wait_timeout / 2:
+                raise ValueError(f"classes.{name}.max_predicted_wait ({klass.max_predicted_wait}s) must be at most "
+                                 f"half of kv_wait_timeout ({self.kv_wait_timeout}s)")
+        return self
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -172,6 +209,8 @@ class RouterConfig(BaseModel):
     tracing: bool | None = None
     # Stored responses and conversations (`store: true`, `previous_response_id`, the Conversations API).
     store: StoreConfig = Field(default_factory=StoreConfig)
+    # Admission by predicted prefill wait: a bounded queue, then a 429 with Retry-After.
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     log_level: str = "warning"
     # json: one JSON object per line (for log pipelines); text: human-readable lines.
     log_format: Literal["json", "text"] = "json"

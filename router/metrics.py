@@ -105,6 +105,7 @@ class RouterMetrics:
             "pdcluster_router_spans_dropped", "Spans the router dropped (router/tracing/export.py): its exporter "
             "process was behind or gone, and the pipe to it full", registry=r)
         self._kv_metrics(r)
+        self._admission_metrics(r)
         self.pool = pool
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         if self.multiprocess:
@@ -113,6 +114,18 @@ class RouterMetrics:
             self._sampled: set[tuple[str, ...]] = set()
         else:
             self.registry.register(_PoolCollector(pool))
+
+    def _admission_metrics(self, r: CollectorRegistry) -> None:
+        """Admission by predicted wait (router/pd/gate.py)."""
+        self.refusals = _Labelled(Counter(
+            "pdcluster_router_admission_refusals", "Requests refused with a 429 before any worker saw them, by class "
+            "and reason (predicted_wait: over the bound, no queue; queue_full; queue_timeout)", ["class", "reason"],
+            registry=r))
+        self.queue_length = Gauge("pdcluster_router_admission_queue_length", "Requests in the router's admission "
+                                  "queue, by class", ["class"], multiprocess_mode="livesum", registry=r)
+        self.predicted_wait = Histogram(
+            "pdcluster_router_admission_predicted_wait_seconds", "Per request, the prefill wait predicted at its "
+            "arrival (the least of the usable prefills')", buckets=LATENCY_BUCKETS, registry=r)
 
     def _kv_metrics(self, r: CollectorRegistry) -> None:
         """The cache_aware policy's (router/kv_routing/cache_aware.py, router/kv_routing/kv_events.py)."""

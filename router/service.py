@@ -25,8 +25,10 @@ from router.openai import fanout, openai_answer
 from router.pd.attempt import Attempt, Dispatcher
 from router.pd.failures import HalfFailed
 from router.pd.fan_out_options import FanOutOptions
+from router.pd.gate import DEFAULT_CLASS, Gate, Refused
 from router.pd.kv_fit import count_prompt, refuse_empty_texts
 from router.pd.pairing import Pairing, PromptTooLong, check_for_pair, pair_limits
+from router.pd.queue_wait import WaitModel
 from router.pd.request import PdRequest, new_rid
 from router.tracing import spans
 from router.transport.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
@@ -52,6 +54,8 @@ class PdService:
     def __init__(self, config: RouterConfig, pairing: Pairing, metrics: RouterMetrics, api_key: str | None):
         self.config, self.pairing, self.metrics, self.api_key = config, pairing, metrics, api_key
         self.tracing = spans.from_config(config, metrics.spans_dropped.inc)  # None when off: no span is made
+        # admission by predicted prefill wait (router/pd/gate.py)
+        self.gate = Gate(config.admission, pairing.pool, metrics, WaitModel.from_config(config.admission))
 
     def routes(self) -> dict[str, Route]:
         """The edge's PD routes (router/transport/edge.py): each path answered by `answer`."""
@@ -71,6 +75,8 @@ class PdService:
                 answer = await self._attempts(http, route, request_id, started)
         except ApiError as exc:
             answer = error_answer(exc.status, exc.message, exc.param)
+            if isinstance(exc, Refused):
+                answer.headers["retry-after"] = str(exc.retry_after)
             request_id = request_id if isinstance(request_id, str) and CLIENT_ID.fullmatch(request_id) else new_rid()
         except TimeoutError:  # raised inside the `async with` only: request_id is set
             assert request_id is not None
@@ -98,9 +104,10 @@ class PdService:
         request = PdRequest(route, request_id, body, CHECKS[route](body), started, config.total_timeout)
         if request.checked.client_rid and log.isEnabledFor(logging.INFO):
             log.info("client id", extra={"request_id": request_id, "client_rid": request.checked.client_rid})
-        if request.checked.choices > 1:  # OpenAI's `n`: a request per choice, one answer of them all
-            return await fanout.answer(request, self.serve, config, self.metrics)
-        return await self.serve(request)
+        async with self.gate.admitted(DEFAULT_CLASS, request.checked.prompt_tokens):  # or a 429
+            if request.checked.choices > 1:  # OpenAI's `n`: a request per choice, one answer of them all
+                return await fanout.answer(request, self.serve, config, self.metrics)
+            return await self.serve(request)
 
     async def serve(self, request: PdRequest, fanned: FanOutOptions | None = None) -> Answer | StreamAnswer:
         """The request's attempts, each on a pair, until one answers or a failure is final. `fanned`: the options of
@@ -130,6 +137,7 @@ class PdService:
             try:
                 attempt = Attempt(self.dispatcher, request, choice, fanned)
                 trace = spans.current() if self.tracing is not None else None
+                self.gate.dispatched()  # its prefill half books the prompt now (no await between)
                 answer = await (attempt.answer() if trace is None else trace.attempt(attempt))
             except HalfFailed as failure:
                 log.warning("attempt failed", extra={"request_id": request_id, "attempt": request.attempt,

@@ -22,7 +22,7 @@ from pdcluster.common.protocol import ErrorBody, ErrorDetail, ErrorType
 _TYPE_BY_STATUS: dict[int, ErrorType] = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
     409: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-    422: "invalid_request_error", 502: "upstream_error", 503: "unavailable", 504: "timeout",
+    422: "invalid_request_error", 429: "rate_limit_exceeded", 502: "upstream_error", 503: "unavailable", 504: "timeout",
 }
 
 

@@ -210,7 +210,8 @@ class WorkerListing(_Strict):
 
 
 ErrorType = Literal[
-    "invalid_request_error", "authentication_error", "not_found_error", "upstream_error", "unavailable", "timeout"
+    "invalid_request_error", "authentication_error", "not_found_error", "upstream_error", "unavailable", "timeout",
+    "rate_limit_exceeded",
 ]
 
 
