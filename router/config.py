@@ -114,7 +114,9 @@ class AdmissionConfig(BaseModel):
     """Admission by predicted wait (router/pd/gate.py, router/pd/queue_wait.py)."""
 
     model_config = ConfigDict(extra="forbid")
-    enabled: bool = True
+    # Off unless asked for: the rates start conservative, and a cluster pushed past the bound on purpose (a profile
+    # run, a long-prompt test) would get 429s where it was served before.
+    enabled: bool = False
     # A capacity profile (`make profile`: configs/profiles/); its rates are the start of the prefills of its model
     # (matched by served model name) until they are measured. Unset: every prefill starts at unmeasured_tokens_per_s.
     profile: str | None = None

@@ -71,7 +71,7 @@ def test_before_enough_answers_the_lower_rate_stands_then_the_measured_one():
 
 
 def admission(**classes: PriorityClass) -> AdmissionConfig:
-    return AdmissionConfig(unmeasured_tokens_per_s=100.0, classes={"default": PriorityClass(), **classes})
+    return AdmissionConfig(enabled=True, unmeasured_tokens_per_s=100.0, classes={"default": PriorityClass(), **classes})
 
 
 def gate_on(*workers: Worker, config: AdmissionConfig) -> Gate:
@@ -180,7 +180,7 @@ def test_a_router_refuses_with_429_before_any_worker_sees_the_request():
         d = stack.enter_context(ServerThread(decode.app()))
         config = RouterConfig(bootstrap_url=None, prefill=[{"url": p.url, "kv_bootstrap_port": 8999}],
                               decode=[{"url": d.url}], admission_check=False,
-                              admission={"unmeasured_tokens_per_s": 10,
+                              admission={"enabled": True, "unmeasured_tokens_per_s": 10,
                                          "classes": {"default": {"max_predicted_wait": 0.5, "queue_wait": 0}}})
         router = stack.enter_context(ServerThread(create_app(config)))
         with httpx.Client(base_url=router.url, timeout=30) as client:
