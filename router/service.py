@@ -20,16 +20,17 @@ from pdcluster.common.http import ApiError, check_bearer, parse_json_object
 from router.checks.checked import Checked
 from router.checks.validation import check_chat, check_completion, check_generate
 from router.config import RouterConfig
-from router.metrics import RouterMetrics
+from router.metrics import CURRENT_TENANT, RouterMetrics
 from router.openai import fanout, openai_answer
 from router.pd.attempt import Attempt, Dispatcher
 from router.pd.failures import HalfFailed
 from router.pd.fan_out_options import FanOutOptions
-from router.pd.gate import DEFAULT_CLASS, Gate, Refused
+from router.pd.gate import Gate, Refused
 from router.pd.kv_fit import count_prompt, refuse_empty_texts
 from router.pd.pairing import Pairing, PromptTooLong, check_for_pair, pair_limits
 from router.pd.queue_wait import WaitModel
 from router.pd.request import PdRequest, new_rid
+from router.pd.tenants import Tenancy, priority_for
 from router.tracing import spans
 from router.transport.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 
@@ -56,6 +57,7 @@ class PdService:
         self.tracing = spans.from_config(config, metrics.spans_dropped.inc)  # None when off: no span is made
         # admission by predicted prefill wait (router/pd/gate.py)
         self.gate = Gate(config.admission, pairing.pool, metrics, WaitModel.from_config(config.admission))
+        self.tenancy = Tenancy(config, metrics)  # `tenancy.tenant_of(request)`: who a request is for
 
     def routes(self) -> dict[str, Route]:
         """The edge's PD routes (router/transport/edge.py): each path answered by `answer`."""
@@ -69,6 +71,7 @@ class PdService:
         started = time.monotonic()
         traced = self.tracing.start(http.headers, route) if self.tracing is not None else None
         request_id = http.headers.get("x-request-id")
+        CURRENT_TENANT.set(None)  # set once its key is read (router/pd/tenants.py), for its metrics
         try:
             request_id = client_request_id(request_id) if request_id is not None else new_rid()
             async with asyncio.timeout(self.config.total_timeout):
@@ -87,6 +90,8 @@ class PdService:
             raise
         answer.headers["x-request-id"] = request_id
         self.metrics.requests.labels(route, str(answer.status)).inc()
+        if (tenant := CURRENT_TENANT.get()) is not None:
+            self.metrics.tenant_requests.labels(tenant, str(answer.status)).inc()
         streaming = isinstance(answer, StreamAnswer)
         if not streaming:
             self.metrics.latency.labels(route).observe(time.monotonic() - started)
@@ -99,15 +104,19 @@ class PdService:
 
     async def _attempts(self, http: EdgeRequest, route: str, request_id: str, started: float) -> Answer | StreamAnswer:
         config = self.config
-        check_bearer(http, self.api_key)
+        if (tenant := self.tenancy.authenticate(http)) is None:
+            check_bearer(http, self.api_key)  # the single-tenant case
         body = parse_json_object(await http.body(config.max_body_bytes), orjson.loads)
         request = PdRequest(route, request_id, body, CHECKS[route](body), started, config.total_timeout)
         if request.checked.client_rid and log.isEnabledFor(logging.INFO):
             log.info("client id", extra={"request_id": request_id, "client_rid": request.checked.client_rid})
-        async with self.gate.admitted(DEFAULT_CLASS, request.checked.prompt_tokens):  # or a 429
-            if request.checked.choices > 1:  # OpenAI's `n`: a request per choice, one answer of them all
-                return await fanout.answer(request, self.serve, config, self.metrics)
-            return await self.serve(request)
+        tokens, weight = request.checked.prompt_tokens, tenant.config.weight if tenant is not None else 1.0
+        with self.tenancy.within_quota(tenant, tokens):  # or a 429
+            async with self.gate.admitted(self.tenancy.priority_class(tenant), tokens, tenant.name if tenant else "",
+                                          weight):  # or a 429
+                if request.checked.choices > 1:  # OpenAI's `n`: a request per choice, one answer of them all
+                    return await fanout.answer(request, self.serve, config, self.metrics)
+                return await self.serve(request)
 
     async def serve(self, request: PdRequest, fanned: FanOutOptions | None = None) -> Answer | StreamAnswer:
         """The request's attempts, each on a pair, until one answers or a failure is final. `fanned`: the options of
@@ -130,6 +139,7 @@ class PdService:
                 await refuse_empty_texts(self.dispatcher.client, decode, request.checked)
                 request.checked = replace(request.checked, may_vanish=())
             request.start_attempt(prefill)
+            priority_for(request.body, prefill, decode)  # its tenant's class's, where both workers schedule by it
             if log.isEnabledFor(logging.INFO):
                 log.info("dispatch", extra={"request_id": request_id, "route": route, "attempt": request.attempt,
                                             "prefill": prefill.url, "decode": decode.url, "stream": request.stream,

@@ -167,7 +167,7 @@ class Attempt:
                     if self.first_token_timer is not None:
                         self.first_token_timer.cancel()
                     if self.timed:
-                        metrics.ttft.labels(request.route).observe(first_at - request.attempt_started)
+                        metrics.first_token(request.route, first_at - request.attempt_started)
                     if request.merge_logprobs:
                         chunk = logprobs.merge_first_event(chunk, logprobs.prefill_answer(await prefill_half.answer()))
                 events += chunk.count(b"\n\n")  # an event's end: JSON strings escape their newlines

@@ -7,10 +7,11 @@ Why: SGLang's decode pre-allocates a request's KV and waits for it at most SGLAN
 nothing and fails late. Every class's bound is at most half of that timeout (AdmissionConfig), so an admitted
 request's decode waits for its KV no longer than its prefill's queue explains, with room to spare.
 
-The queue: FIFO per class, served by priority (higher first): a request never overtakes one queued before it in its
-own class or a higher one. Its head leaves when the predicted wait is within its class's bound (checked every TICK);
-after `queue_wait` seconds, or when the class's queue is full, the request gets a 429. An admitted request's prompt
-is reserved (counted on every prefill's queue) until its prefill half books it (`dispatched`), so that one burst
+The queue: one per class, served by priority (higher first), weighted fair across tenants within a class and FIFO
+within a tenant (router/pd/fair_queue.py); a new request never overtakes one queued in a class at least as high. Its
+head leaves when the predicted wait is within its class's bound (checked every TICK); after `queue_wait` seconds, or
+when the class's queue is full, the request gets a 429. An admitted request's prompt is reserved (counted on every
+prefill's queue) until its prefill half books it (`dispatched`), so that one burst
 is not admitted whole on a wait measured before any of it was booked.
 
 Retry-After (whole seconds, at least 1): the time for the prefills to drain the wait over the bound and the tokens
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections import deque
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -31,7 +31,8 @@ from pdcluster.common.http import ApiError
 from pdcluster.common.protocol import Role
 from router.config import AdmissionConfig
 from router.fleet.workers import Worker, WorkerPool
-from router.metrics import RouterMetrics
+from router.metrics import CURRENT_TENANT, RouterMetrics
+from router.pd.fair_queue import FairQueue
 from router.pd.queue_wait import WaitModel
 
 TICK = 0.05  # seconds between the queue's checks of the predicted wait
@@ -69,7 +70,7 @@ class Gate:
 
     def __init__(self, config: AdmissionConfig, pool: WorkerPool, metrics: RouterMetrics, model: WaitModel):
         self.config, self.pool, self.metrics, self.model = config, pool, metrics, model
-        self.queues: dict[str, deque[_Waiter]] = {name: deque() for name in config.classes}
+        self.queues: dict[str, FairQueue[_Waiter]] = {name: FairQueue() for name in config.classes}
         self.order = sorted(config.classes, key=lambda name: -config.classes[name].priority)
         self.reserved = 0  # tokens of requests admitted whose prefill half has not booked them yet
         self._pump: asyncio.Task | None = None
@@ -94,12 +95,13 @@ class Gate:
         return max(1, math.ceil(over + (ahead / rate if rate > 0 else 0.0)))
 
     @contextlib.asynccontextmanager
-    async def admitted(self, klass: str, tokens: int) -> AsyncIterator[None]:
-        """Within it the request is admitted (it may have waited in the queue); Refused (a 429) if it is not."""
+    async def admitted(self, klass: str, tokens: int, tenant: str = "", weight: float = 1.0) -> AsyncIterator[None]:
+        """Within it the request is admitted (it may have waited in the queue); Refused (a 429) if it is not.
+        `tenant`, `weight`: its tenant's share of its class's queue (router/pd/tenants.py)."""
         if not self.config.enabled:
             yield
             return
-        ticket = await self._admit(klass, tokens)
+        ticket = await self._admit(klass, tokens, tenant, weight)
         reset = _TICKET.set(ticket)
         try:
             yield
@@ -128,7 +130,7 @@ class Gate:
         priority = self.config.classes[klass].priority
         return any(self.queues[name] for name in self.order if self.config.classes[name].priority >= priority)
 
-    async def _admit(self, klass: str, tokens: int) -> Ticket:
+    async def _admit(self, klass: str, tokens: int, tenant: str, weight: float) -> Ticket:
         limits = self.config.classes[klass]
         wait = self.predicted_wait()
         self.metrics.predicted_wait.observe(wait)
@@ -139,7 +141,7 @@ class Gate:
             reason = "predicted_wait" if limits.queue_wait <= 0 else "queue_full"
             raise self._refusal(klass, wait, reason)
         waiter = _Waiter(klass, tokens)
-        queue.append(waiter)
+        queue.append(tenant, weight, tokens, waiter)
         self._queue_changed(klass)
         admitted = False
         try:
@@ -150,14 +152,15 @@ class Gate:
         except TimeoutError:
             raise self._refusal(klass, self.predicted_wait(), "queue_timeout") from None
         finally:
-            if waiter in queue:  # timed out, or the client left
-                queue.remove(waiter)
+            if queue.remove(waiter):  # timed out, or the client left
                 self._queue_changed(klass)
             elif not admitted and waiter.future.done():  # admitted just as it timed out or was cancelled
                 self._release(waiter.future.result())
 
     def _refusal(self, klass: str, wait: float, reason: str) -> Refused:
         self.metrics.refusals.labels(klass, reason).inc()
+        if (tenant := CURRENT_TENANT.get()) is not None:
+            self.metrics.tenant_refusals.labels(tenant, reason).inc()
         bound = self.config.classes[klass].max_predicted_wait
         retry = self.retry_after(klass, wait)
         why = {"predicted_wait": "no queue for its class", "queue_full": "the router's queue for its class is full",

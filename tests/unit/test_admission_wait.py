@@ -97,7 +97,7 @@ def test_over_the_bound_without_a_queue_is_a_429_with_retry_after_from_the_drain
     assert gate.metrics.registry.get_sample_value("pdcluster_router_admission_refusals_total",
                                                   {"class": "default", "reason": "predicted_wait"}) == 1
     # Queued ahead of a new request: 1000 tokens more to drain at 200 tokens/s (both prefills): 5 + 5 s.
-    gate.queues["default"].append(type("W", (), {"tokens": 1000})())  # type: ignore[arg-type]
+    gate.queues["default"].append("t", 1.0, 1000, type("W", (), {"tokens": 1000})())  # type: ignore[arg-type]
     assert gate.retry_after("default", 25.0) == 10
 
 
