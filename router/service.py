@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from pdcluster.common.http import ApiError, check_bearer, parse_json_object
+from pdcluster.common.http import ApiError, Incoming, check_bearer, parse_json_object
 from router.checks.checked import Checked
 from router.checks.validation import check_chat, check_completion, check_generate
 from router.config import RouterConfig
@@ -30,7 +30,7 @@ from router.pd.kv_fit import count_prompt, refuse_empty_texts
 from router.pd.pairing import Pairing, PromptTooLong, check_for_pair, pair_limits
 from router.pd.queue_wait import WaitModel
 from router.pd.request import PdRequest, new_rid
-from router.pd.tenants import Tenancy, priority_for
+from router.pd.tenants import Tenancy, Tenant, priority_for
 from router.tracing import spans
 from router.transport.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 
@@ -58,6 +58,12 @@ class PdService:
         # admission by predicted prefill wait (router/pd/gate.py)
         self.gate = Gate(config.admission, pairing.pool, metrics, WaitModel.from_config(config.admission))
         self.tenancy = Tenancy(config, metrics)  # `tenancy.tenant_of(request)`: who a request is for
+
+    def authenticate(self, http: Incoming) -> Tenant | None:
+        """The request's tenant (401 for a key of none); with no tenants, None after the shared key's check."""
+        if (tenant := self.tenancy.authenticate(http)) is None:
+            check_bearer(http, self.api_key)  # the single-tenant case
+        return tenant
 
     def routes(self) -> dict[str, Route]:
         """The edge's PD routes (router/transport/edge.py): each path answered by `answer`."""
@@ -104,8 +110,7 @@ class PdService:
 
     async def _attempts(self, http: EdgeRequest, route: str, request_id: str, started: float) -> Answer | StreamAnswer:
         config = self.config
-        if (tenant := self.tenancy.authenticate(http)) is None:
-            check_bearer(http, self.api_key)  # the single-tenant case
+        tenant = self.authenticate(http)
         body = parse_json_object(await http.body(config.max_body_bytes), orjson.loads)
         request = PdRequest(route, request_id, body, CHECKS[route](body), started, config.total_timeout)
         if request.checked.client_rid and log.isEnabledFor(logging.INFO):

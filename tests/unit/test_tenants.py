@@ -144,12 +144,15 @@ def test_a_tenant_over_its_quota_gets_a_429_while_another_is_served_and_no_key_i
         over = post(url, FREE_KEY)  # a second within the second: over 1 request per second
         gold = [post(url, GOLD_KEY) for _ in range(3)]
         wrong = post(url, "sk-wrong")
+        models = [httpx.get(f"{url}/v1/models", headers=h).status_code
+                  for h in ({}, {"authorization": f"Bearer {GOLD_KEY}"})]
         metrics = httpx.get(f"{url}/metrics").text
     assert over.status_code == 429 and over.headers["retry-after"] == "1"
     error = over.json()["error"]
     assert (error["type"], error["code"]) == ("rate_limit_exceeded", 429)
     assert "tenant free is over its quota of 1 requests per second" in error["message"]
     assert [r.status_code for r in gold] == [200] * 3 and wrong.status_code == 401
+    assert models == [401, 200]  # the control routes too need a tenant's key
     assert len(decode_worker.received) == 4  # the free tenant's first and gold's three
     assert [body["priority"] for body in decode_worker.received] == [0, 5, 5, 5]  # by class, both halves
     assert [body["priority"] for body in prefill_worker.received] == [0, 5, 5, 5]
