@@ -84,7 +84,7 @@ def test_a_request_over_the_predicted_wait_gets_a_429_before_any_worker_sees_it(
             assert long.result().status_code == 200
     finally:
         held.passing.set()
-    assert took < 1.0
+    assert took < 5  # no queue, no worker: answered while the long prompt was still held (ms on an idle machine)
     response = refused.value.response
     assert response.status_code == 429
     assert response.headers["retry-after"] == str(math.ceil(booked / RATE - BOUND))
