@@ -139,8 +139,10 @@ def tenants_router(cluster, tmp_path_factory):
                                                    start_new_session=True)
         url = f"http://127.0.0.1:{router_port}"
         logs = lambda: {name: (work / f"{name}.log").read_text()[-2000:] for name in commands}  # noqa: E731
-        assert until(lambda: _ready(url), 300, CLUSTER_POLL), logs()
-        yield url, f"http://127.0.0.1:{prefill_port}", f"http://127.0.0.1:{decode_port}", work
+        workers = [f"http://127.0.0.1:{prefill_port}", f"http://127.0.0.1:{decode_port}"]
+        assert until(lambda: all(_healthy(w) for w in workers), 300, CLUSTER_POLL), logs()
+        assert until(lambda: _ready(url), 60, CLUSTER_POLL), logs()  # (its static workers count as healthy at once)
+        yield url, *workers, work
     finally:
         for process in processes.values():
             process.send_signal(signal.SIGTERM)
@@ -149,6 +151,13 @@ def tenants_router(cluster, tmp_path_factory):
                 process.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+
+
+def _healthy(worker: str) -> bool:
+    try:
+        return httpx.get(f"{worker}/health", timeout=20).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _requests_at(metrics_url: str, priority: int) -> float:
