@@ -83,7 +83,7 @@ class PdService:
             async with asyncio.timeout(self.config.total_timeout):
                 answer = await self._attempts(http, route, request_id, started)
         except ApiError as exc:
-            answer = error_answer(exc.status, exc.message, exc.param)
+            answer = error_answer(exc.status, exc.message, exc.param, exc.kind)
             if isinstance(exc, Refused):
                 answer.headers["retry-after"] = str(exc.retry_after)
             request_id = request_id if isinstance(request_id, str) and CLIENT_ID.fullmatch(request_id) else new_rid()

@@ -214,7 +214,7 @@ class WorkerListing(_Strict):
 
 ErrorType = Literal[
     "invalid_request_error", "authentication_error", "not_found_error", "upstream_error", "unavailable", "timeout",
-    "rate_limit_exceeded",
+    "rate_limit_exceeded", "model_not_found",
 ]
 
 

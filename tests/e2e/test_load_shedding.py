@@ -193,3 +193,14 @@ def test_a_tenant_over_its_quota_is_refused_while_another_is_served_at_its_class
     assert "answered" in router_log
     for secret in (GOLD_KEY, FREE_KEY, _sha(GOLD_KEY), _sha(FREE_KEY)):
         assert secret not in router_log
+
+
+def test_a_model_no_worker_serves_is_a_404_and_the_served_one_is_answered(cluster):
+    """Models by name (router/pd/pairing.py), on the shared router: the served name picks its pool, another is a 404
+    model_not_found, before any worker is asked."""
+    client = openai.OpenAI(base_url=f"{cluster.router_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    assert client.completions.create(model="tiny-llama", prompt="Once upon a time", max_tokens=4).choices[0].text
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.completions.create(model="no-such-model", prompt="Once upon a time", max_tokens=4)
+    error = refused.value.response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("model_not_found", "model", 404)
