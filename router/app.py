@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -13,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from pdcluster.common.http import ApiError, check_bearer, install_error_handlers
+from pdcluster.common.http import ApiError, install_error_handlers
 from pdcluster.common.protocol import Role
 from router import openapi
 from router.config import RouterConfig
@@ -59,9 +60,9 @@ def create_app(config: RouterConfig, pool: WorkerPool | None = None) -> Edge:
     app.state.pool = pool
     app.state.metrics = metrics
     install_error_handlers(app)
-    _control_routes(app, pool, metrics, api_key, state)
-    responses_routes.install(app, pd.responses, api_key)
-    conversations_routes.install(app, pd.responses, api_key, config.max_body_bytes)
+    _control_routes(app, pool, metrics, pd.authenticate, state)
+    responses_routes.install(app, pd.responses, pd.owner_of)
+    conversations_routes.install(app, pd.responses, pd.owner_of, config.max_body_bytes)
     # The PD routes are served by the edge, in front of FastAPI (why: router/transport/edge.py).
     return Edge(app, pd.routes())
 
@@ -137,12 +138,12 @@ def _serve_the_contract(app: FastAPI) -> None:
     app.openapi = contract  # type: ignore[method-assign]
 
 
-def _control_routes(app: FastAPI, pool: WorkerPool, metrics: RouterMetrics, api_key: str | None,
-                    state: dict[str, Any]) -> None:
+def _control_routes(app: FastAPI, pool: WorkerPool, metrics: RouterMetrics,
+                    authenticate: Callable[[Request], object], state: dict[str, Any]) -> None:
     """Everything but the PD routes: a decode's model list and info, metrics, liveness and readiness."""
 
     async def from_a_decode(request: Request, path: str) -> Response:
-        check_bearer(request, api_key)
+        authenticate(request)  # the shared key, or a tenant's
         decodes = pool.healthy(Role.DECODE)
         if not decodes:
             raise ApiError(503, "no healthy decode worker")

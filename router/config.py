@@ -44,11 +44,12 @@ class StaticWorker(WorkerFacts):
     vocab_size, requests given as token ids are refused), and what its SGLang runs with."""
 
     # What its SGLang runs with (discovered workers register these): --tool-call-parser's name, for tool calling,
-    # --reasoning-parser's, for the reasoning fields, and --enable-deterministic-inference, for seeds. Requests that
-    # need them are refused through a pair without them.
+    # --reasoning-parser's, for the reasoning fields, --enable-deterministic-inference, for seeds (requests that need
+    # them are refused through a pair without them), and --enable-priority-scheduling (higher first).
     tool_call_parser: str | None = Field(default=None, min_length=1, max_length=64)
     reasoning_parser: str | None = Field(default=None, min_length=1, max_length=64)
     deterministic_inference: bool = False
+    priority_scheduling: bool = False
 
     @field_validator("url")
     @classmethod
@@ -96,6 +97,71 @@ class StoreConfig(BaseModel):
     def resolved_url(self) -> str:
         """The database's URL (the default SQLite file when unset)."""
         return self.url or DEFAULT_SQLITE_URL
+
+
+class PriorityClass(BaseModel):
+    """A priority class of admission (router/pd/gate.py): its bound on a new request's predicted prefill wait, and
+    the router's queue for the requests over it (FIFO; after queue_wait seconds, or with the queue full: a 429)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Served first among the classes with requests queued (higher first).
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    max_predicted_wait: float = Field(default=20.0, gt=0)  # seconds
+    queue_length: int = Field(default=256, ge=0)
+    queue_wait: float = Field(default=10.0, ge=0)  # seconds; 0: over the bound is a 429 at once
+
+
+class AdmissionConfig(BaseModel):
+    """Admission by predicted wait (router/pd/gate.py, router/pd/queue_wait.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Off unless asked for: a cluster pushed past the bound on purpose (a profile run) would get 429s.
+    enabled: bool = False
+    # A capacity profile (`make profile`: configs/profiles/); its rates are the start of the prefills of its model
+    # (matched by served model name) until they are measured. Unset: every prefill starts at unmeasured_tokens_per_s.
+    profile: str | None = None
+    unmeasured_tokens_per_s: float = Field(default=100.0, gt=0)
+    # SGLANG_DISAGGREGATION_WAITING_TIMEOUT as the launchers set it (configs/decode.yaml): every class's bound is at
+    # most half of it, so that an admitted request's decode never waits out its KV.
+    kv_wait_timeout: float = Field(default=60.0, gt=0)
+    classes: dict[str, PriorityClass] = Field(default_factory=lambda: {"default": PriorityClass()})
+
+    @model_validator(mode="after")
+    def _bounds_under_kv_timeout(self) -> AdmissionConfig:
+        if "default" not in self.classes:
+            raise ValueError("classes: a class named 'default' is required (requests of no tenant)")
+        for name, klass in self.classes.items():
+            if klass.max_predicted_wait > self.kv_wait_timeout / 2:
+                raise ValueError(f"classes.{name}.max_predicted_wait ({klass.max_predicted_wait}s) must be at most "
+                                 f"half of kv_wait_timeout ({self.kv_wait_timeout}s)")
+        return self
+
+
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class TenantConfig(BaseModel):
+    """A tenant (router/pd/tenants.py): its API keys as sha256 hex digests (never the keys), its priority class, its
+    share of the router's queue within the class, and its quotas (None: no limit)."""
+
+    model_config = ConfigDict(extra="forbid")
+    key_sha256: list[Sha256] = Field(min_length=1)
+    priority_class: str = "default"
+    weight: float = Field(default=1.0, gt=0)
+    requests_per_second: float | None = Field(default=None, gt=0)
+    tokens_per_minute: int | None = Field(default=None, ge=1)  # prompt tokens, the router's estimate
+    concurrent_requests: int | None = Field(default=None, ge=1)
+
+
+def check_tenants(tenants: dict[str, TenantConfig], admission: AdmissionConfig) -> None:
+    """ValueError for a tenant of an unknown priority class, or a key named by two tenants."""
+    seen: dict[str, str] = {}
+    for name, tenant in tenants.items():
+        if tenant.priority_class not in admission.classes:
+            raise ValueError(f"tenant {name}: priority_class {tenant.priority_class!r} is not in admission.classes")
+        for digest in tenant.key_sha256:
+            if seen.setdefault(digest, name) != name:
+                raise ValueError(f"tenants {seen[digest]} and {name} share a key")
 
 
 class RouterConfig(BaseModel):
@@ -172,6 +238,12 @@ class RouterConfig(BaseModel):
     tracing: bool | None = None
     # Stored responses and conversations (`store: true`, `previous_response_id`, the Conversations API).
     store: StoreConfig = Field(default_factory=StoreConfig)
+    # Admission by predicted prefill wait: a bounded queue, then a 429 with Retry-After.
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    # Tenants by name; and/or a YAML file of more (a mounted Kubernetes Secret). With tenants, each API key names
+    # its tenant, and api_key (or PDCLUSTER_API_KEY) is not used.
+    tenants: dict[str, TenantConfig] = {}
+    tenants_file: str | None = None
     log_level: str = "warning"
     # json: one JSON object per line (for log pipelines); text: human-readable lines.
     log_format: Literal["json", "text"] = "json"
@@ -181,6 +253,13 @@ class RouterConfig(BaseModel):
         for worker in self.prefill:
             if worker.kv_bootstrap_port is None:
                 raise ValueError(f"prefill {worker.url}: kv_bootstrap_port is required for a static prefill")
+        return self
+
+    @model_validator(mode="after")
+    def _tenants_name_known_classes(self) -> RouterConfig:
+        if self.api_key and (self.tenants or self.tenants_file):
+            raise ValueError("api_key and tenants: the shared key is the single-tenant case; give each tenant keys")
+        check_tenants(self.tenants, self.admission)
         return self
 
     def resolved_grace_period(self) -> float:

@@ -16,6 +16,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -31,6 +32,9 @@ LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 # Predicted less actual cached tokens: signed, so that a stale index (over 0) and a lagging one (under 0) show apart.
 MISS_BUCKETS = (-4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096)
 
+
+# The tenant of the request being served (router/pd/tenants.py), for the per-tenant metrics; None: no tenants.
+CURRENT_TENANT: ContextVar[str | None] = ContextVar("tenant", default=None)
 
 _GAUGES: list[tuple[str, str, Literal["livesum", "livemin", "livemax"]]] = [  # name, help, how processes combine
     ("pdcluster_router_worker_in_flight", "Requests in flight per worker", "livesum"),
@@ -113,6 +117,8 @@ class RouterMetrics:
         self.usage_answers = Counter("pdcluster_router_usage_answers", "Answers (items of a batch) whose usage "
                                      "pdcluster_router_usage_tokens counted", registry=r)
         self._kv_metrics(r)
+        self._admission_metrics(r)
+        self._tenant_metrics(r)
         self.pool = pool
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         if self.multiprocess:
@@ -121,6 +127,38 @@ class RouterMetrics:
             self._sampled: set[tuple[str, ...]] = set()
         else:
             self.registry.register(_PoolCollector(pool))
+
+    def _admission_metrics(self, r: CollectorRegistry) -> None:
+        """Admission by predicted wait (router/pd/gate.py)."""
+        self.refusals = _Labelled(Counter(
+            "pdcluster_router_admission_refusals", "Requests refused with a 429 before any worker saw them, by class "
+            "and reason (predicted_wait: over the bound, no queue; queue_full; queue_timeout)", ["class", "reason"],
+            registry=r))
+        self.queue_length = Gauge("pdcluster_router_admission_queue_length", "Requests in the router's admission "
+                                  "queue, by class", ["class"], multiprocess_mode="livesum", registry=r)
+        self.predicted_wait = Histogram(
+            "pdcluster_router_admission_predicted_wait_seconds", "Per request, the prefill wait predicted at its "
+            "arrival (the least of the usable prefills')", buckets=LATENCY_BUCKETS, registry=r)
+
+    def _tenant_metrics(self, r: CollectorRegistry) -> None:
+        """Per tenant (router/pd/tenants.py), when the router has tenants."""
+        self.tenant_requests = _Labelled(Counter("pdcluster_router_tenant_requests", "Requests answered, by tenant "
+                                                 "and HTTP status", ["tenant", "status"], registry=r))
+        self.tenant_tokens = _Labelled(Counter("pdcluster_router_tenant_prompt_tokens", "Prompt tokens admitted (the "
+                                               "router's estimate), by tenant", ["tenant"], registry=r))
+        self.tenant_refusals = _Labelled(Counter(
+            "pdcluster_router_tenant_refusals", "429s by tenant and reason (a quota: requests_per_second, "
+            "tokens_per_minute, concurrent_requests; or admission's)", ["tenant", "reason"], registry=r))
+        self.tenant_ttft = _Labelled(Histogram("pdcluster_router_tenant_ttft_seconds", "Time to the first streamed "
+                                               "chunk, by tenant", ["tenant"], buckets=LATENCY_BUCKETS, registry=r))
+        self.tenant_itl = _Labelled(Histogram("pdcluster_router_tenant_itl_seconds", "Per streamed answer, the mean "
+                                              "time between its events, by tenant", ["tenant"], buckets=ITL_BUCKETS,
+                                              registry=r))
+
+    def first_token(self, route: str, seconds: float) -> None:
+        self.ttft.labels(route).observe(seconds)
+        if (tenant := CURRENT_TENANT.get()) is not None:
+            self.tenant_ttft.labels(tenant).observe(seconds)
 
     def _kv_metrics(self, r: CollectorRegistry) -> None:
         """The cache_aware policy's (router/kv_routing/cache_aware.py, router/kv_routing/kv_events.py)."""
@@ -186,7 +224,10 @@ class RouterMetrics:
         closing `[DONE]` one of them: one observation per answer (not per event: the relay's path stays cheap).
         `route` None: a fan-out's choice, whose merged stream is timed by the fan-out."""
         if route is not None and events > 2:
-            self.itl.labels(route).observe((time.monotonic() - first_at) / (events - 2))
+            itl = (time.monotonic() - first_at) / (events - 2)
+            self.itl.labels(route).observe(itl)
+            if (tenant := CURRENT_TENANT.get()) is not None:
+                self.tenant_itl.labels(tenant).observe(itl)
 
     def sample_pool(self) -> None:
         """Multiprocess mode: write this process's view of its workers where the other processes can read it."""

@@ -134,7 +134,9 @@ _ANSWERS = {
 # What each PD route may answer besides 200: the request's fault, the router's limits, a failed or missing worker.
 _ERRORS = {"400": "a field the router refuses, named in `param`; or a worker's own refusal, with its reason",
            "401": "a missing or wrong bearer token (when the router is configured with one)",
+           "404": "a model no worker serves (`model_not_found`)",
            "413": "a body over the router's max_body_bytes", "415": "a body that is not JSON",
+           "429": "a tenant over its quota, or a prefill wait over its bound (`Retry-After`, seconds)",
            "502": "a worker failed the request", "503": "no usable prefill/decode pair",
            "504": "a worker or the whole request ran out of time"}
 _PD_ROUTES = {"/generate": ("Generate", "GenerateAnswer", "SGLang's native generation, through a PD pair"),

@@ -16,20 +16,23 @@ from typing import Any
 
 import orjson
 
-from pdcluster.common.http import ApiError, check_bearer, parse_json_object
+from pdcluster.common.http import ApiError, Incoming, check_bearer, parse_json_object
 from router.checks.checked import Checked
 from router.checks.validation import check_chat, check_completion, check_generate
 from router.config import RouterConfig
-from router.metrics import RouterMetrics
+from router.metrics import CURRENT_TENANT, RouterMetrics
 from router.openai import fanout, openai_answer
 from router.openai.responses_api import RESPONSES_ROUTE, ResponsesApi
 from router.openai.responses_render import CHAT_ROUTE
 from router.pd.attempt import Attempt, Dispatcher
 from router.pd.failures import HalfFailed
 from router.pd.fan_out_options import FanOutOptions
+from router.pd.gate import Gate, Refused
 from router.pd.kv_fit import count_prompt, refuse_empty_texts
 from router.pd.pairing import Pairing, PromptTooLong, check_for_pair, pair_limits
+from router.pd.queue_wait import WaitModel
 from router.pd.request import PdRequest, new_rid
+from router.pd.tenants import Tenancy, Tenant, priority_for
 from router.tracing import spans
 from router.transport.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 
@@ -55,6 +58,21 @@ class PdService:
         self.config, self.pairing, self.metrics, self.api_key = config, pairing, metrics, api_key
         self.tracing = spans.from_config(config, metrics.spans_dropped.inc)  # None when off: no span is made
         self.responses = ResponsesApi()  # POST /v1/responses, as a chat request; its store is opened at start-up
+        # admission by predicted prefill wait (router/pd/gate.py)
+        self.gate = Gate(config.admission, pairing.pool, metrics, WaitModel.from_config(config.admission))
+        self.tenancy = Tenancy(config, metrics)  # `tenancy.tenant_of(request)`: who a request is for
+
+    def authenticate(self, http: Incoming) -> Tenant | None:
+        """The request's tenant (401 for a key of none); with no tenants, None after the shared key's check."""
+        if (tenant := self.tenancy.authenticate(http)) is None:
+            check_bearer(http, self.api_key)  # the single-tenant case
+        return tenant
+
+    def owner_of(self, http: Incoming) -> str:
+        """The caller let in (401 otherwise), and who owns what it stores and reads (stored responses and
+        conversations): its tenant, else its key's digest (router/pd/tenants.py)."""
+        tenant = self.authenticate(http)
+        return tenant.name if tenant is not None else self.tenancy.tenant_of(http)
 
     def routes(self) -> dict[str, Route]:
         """The edge's PD routes (router/transport/edge.py): each path answered by `answer`."""
@@ -68,12 +86,15 @@ class PdService:
         started = time.monotonic()
         traced = self.tracing.start(http.headers, route) if self.tracing is not None else None
         request_id = http.headers.get("x-request-id")
+        CURRENT_TENANT.set(None)  # set once its key is read (router/pd/tenants.py), for its metrics
         try:
             request_id = client_request_id(request_id) if request_id is not None else new_rid()
             async with asyncio.timeout(self.config.total_timeout):
                 answer = await self._attempts(http, route, request_id, started)
         except ApiError as exc:
-            answer = error_answer(exc.status, exc.message, exc.param)
+            answer = error_answer(exc.status, exc.message, exc.param, exc.kind)
+            if isinstance(exc, Refused):
+                answer.headers["retry-after"] = str(exc.retry_after)
             request_id = request_id if isinstance(request_id, str) and CLIENT_ID.fullmatch(request_id) else new_rid()
         except TimeoutError:  # raised inside the `async with` only: request_id is set
             assert request_id is not None
@@ -84,6 +105,8 @@ class PdService:
             raise
         answer.headers["x-request-id"] = request_id
         self.metrics.requests.labels(route, str(answer.status)).inc()
+        if (tenant := CURRENT_TENANT.get()) is not None:
+            self.metrics.tenant_requests.labels(tenant, str(answer.status)).inc()
         streaming = isinstance(answer, StreamAnswer)
         if not streaming:
             self.metrics.latency.labels(route).observe(time.monotonic() - started)
@@ -96,18 +119,22 @@ class PdService:
 
     async def _attempts(self, http: EdgeRequest, route: str, request_id: str, started: float) -> Answer | StreamAnswer:
         config = self.config
-        check_bearer(http, self.api_key)
+        tenant = self.authenticate(http)
         body = parse_json_object(await http.body(config.max_body_bytes), orjson.loads)
         if route == RESPONSES_ROUTE:  # served as the chat request of its conversation
             def chat_request(chat: dict[str, Any], checked: Checked) -> PdRequest:
                 return PdRequest(CHAT_ROUTE, request_id, chat, checked, started, config.total_timeout)
-            return await self.responses.answer(body, http.headers, chat_request, self.serve)
+            return await self.responses.answer(body, self.owner_of(http), chat_request, self.serve)
         request = PdRequest(route, request_id, body, CHECKS[route](body), started, config.total_timeout)
         if request.checked.client_rid and log.isEnabledFor(logging.INFO):
             log.info("client id", extra={"request_id": request_id, "client_rid": request.checked.client_rid})
-        if request.checked.choices > 1:  # OpenAI's `n`: a request per choice, one answer of them all
-            return await fanout.answer(request, self.serve, config, self.metrics)
-        return await self.serve(request)
+        tokens, weight = request.checked.prompt_tokens, tenant.config.weight if tenant is not None else 1.0
+        with self.tenancy.within_quota(tenant, tokens):  # or a 429
+            async with self.gate.admitted(self.tenancy.priority_class(tenant), tokens, tenant.name if tenant else "",
+                                          weight):  # or a 429
+                if request.checked.choices > 1:  # OpenAI's `n`: a request per choice, one answer of them all
+                    return await fanout.answer(request, self.serve, config, self.metrics)
+                return await self.serve(request)
 
     async def serve(self, request: PdRequest, fanned: FanOutOptions | None = None) -> Answer | StreamAnswer:
         """The request's attempts, each on a pair, until one answers or a failure is final. `fanned`: the options of
@@ -130,6 +157,7 @@ class PdService:
                 await refuse_empty_texts(self.dispatcher.client, decode, request.checked)
                 request.checked = replace(request.checked, may_vanish=())
             request.start_attempt(prefill)
+            priority_for(request.body, prefill, decode)  # its tenant's class's, where both workers schedule by it
             if log.isEnabledFor(logging.INFO):
                 log.info("dispatch", extra={"request_id": request_id, "route": route, "attempt": request.attempt,
                                             "prefill": prefill.url, "decode": decode.url, "stream": request.stream,
@@ -137,6 +165,7 @@ class PdService:
             try:
                 attempt = Attempt(self.dispatcher, request, choice, fanned)
                 trace = spans.current() if self.tracing is not None else None
+                self.gate.dispatched()  # its prefill half books the prompt now (no await between)
                 answer = await (attempt.answer() if trace is None else trace.attempt(attempt))
             except HalfFailed as failure:
                 log.warning("attempt failed", extra={"request_id": request_id, "attempt": request.attempt,

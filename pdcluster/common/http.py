@@ -22,31 +22,35 @@ from pdcluster.common.protocol import ErrorBody, ErrorDetail, ErrorType
 _TYPE_BY_STATUS: dict[int, ErrorType] = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
     409: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-    422: "invalid_request_error", 502: "upstream_error", 503: "unavailable", 504: "timeout",
+    422: "invalid_request_error", 429: "rate_limit_exceeded", 502: "upstream_error", 503: "unavailable", 504: "timeout",
 }
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None):
+    """An error answer; `kind`: its `type` where the status's own is not precise enough (model_not_found)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: ErrorType | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.kind = status, message, param, kind
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    detail = ErrorDetail(message=message, type=_TYPE_BY_STATUS.get(status, "upstream_error"), param=param, code=status)
+def error_body(status: int, message: str, param: str | None = None, kind: ErrorType | None = None) -> dict[str, Any]:
+    detail = ErrorDetail(message=message, type=kind or _TYPE_BY_STATUS.get(status, "upstream_error"), param=param,
+                         code=status)
     return ErrorBody(error=detail).model_dump()
 
 
-def error_parts(status: int, message: str, param: str | None = None) -> tuple[bytes, dict[str, str]]:
+def error_parts(status: int, message: str, param: str | None = None,
+                kind: ErrorType | None = None) -> tuple[bytes, dict[str, str]]:
     """The body and headers of every error answer, whatever sends it (FastAPI below, the router's edge)."""
     headers = {"content-type": "application/json"}
     if status == 401:
         headers["www-authenticate"] = "Bearer"
-    return orjson.dumps(error_body(status, message, param)), headers
+    return orjson.dumps(error_body(status, message, param, kind)), headers
 
 
-def error_response(status: int, message: str, param: str | None = None) -> Response:
-    body, headers = error_parts(status, message, param)
+def error_response(status: int, message: str, param: str | None = None, kind: ErrorType | None = None) -> Response:
+    body, headers = error_parts(status, message, param, kind)
     return Response(body, status_code=status, headers=headers)
 
 
@@ -59,7 +63,7 @@ def first_validation_problem(exc: ValidationError | RequestValidationError) -> t
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> Response:
-        return error_response(exc.status, exc.message, exc.param)
+        return error_response(exc.status, exc.message, exc.param, exc.kind)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> Response:

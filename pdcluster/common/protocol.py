@@ -82,6 +82,9 @@ class WorkerCapabilities(_Strict):
     reasoning_parser: str | None = Field(default=None, min_length=1, max_length=64)
     # --enable-deterministic-inference: only then does SGLang sample by a request's seed.
     deterministic_inference: bool = False
+    # --enable-priority-scheduling, higher values first (SGLang's default order): only then does the router send a
+    # request's `priority` (its tenant's class's, router/pd/tenants.py).
+    priority_scheduling: bool = False
 
 
 class KVStoreMembership(_Strict):
@@ -240,7 +243,8 @@ class WorkerListing(_Strict):
 
 
 ErrorType = Literal[
-    "invalid_request_error", "authentication_error", "not_found_error", "upstream_error", "unavailable", "timeout"
+    "invalid_request_error", "authentication_error", "not_found_error", "upstream_error", "unavailable", "timeout",
+    "rate_limit_exceeded", "model_not_found",
 ]
 
 

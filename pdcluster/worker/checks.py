@@ -127,8 +127,10 @@ def capabilities(ns: argparse.Namespace, cpu: bool) -> WorkerCapabilities:
         raise ConfigError(f"enable-deterministic-inference: SGLang refuses it with the {ns.attention_backend} "
                           f"attention backend of the CPU profile (it needs fa3, fa4, flashinfer, triton, ascend or "
                           f"intel_xpu, none of which runs on a CPU)")
+    priority = bool(getattr(ns, "enable_priority_scheduling", False)) and \
+        not getattr(ns, "schedule_low_priority_values_first", False)
     return WorkerCapabilities(tool_call_parser=ns.tool_call_parser, reasoning_parser=ns.reasoning_parser,
-                              deterministic_inference=deterministic)
+                              deterministic_inference=deterministic, priority_scheduling=priority)
 
 
 def kv_bootstrap_port(options: SGLangOptions, ns: argparse.Namespace, cluster: ClusterSettings) -> int:

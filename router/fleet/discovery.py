@@ -70,7 +70,8 @@ def static_worker(spec: StaticWorker, role: Role, index: int) -> Worker:
     url = str(spec.url).rstrip("/")
     host = spec.kv_bootstrap_host or urlparse(url).hostname
     capabilities = WorkerCapabilities(tool_call_parser=spec.tool_call_parser, reasoning_parser=spec.reasoning_parser,
-                                      deterministic_inference=spec.deterministic_inference)
+                                      deterministic_inference=spec.deterministic_inference,
+                                      priority_scheduling=spec.priority_scheduling)
     return Worker(f"static-{role.value}-{index}", role, url, host if role is Role.PREFILL else None,
                   spec.kv_bootstrap_port, vocab_size=spec.vocab_size, context_length=spec.context_length,
                   forward_tokens=spec.forward_tokens, static=True, capabilities=capabilities)

@@ -1,8 +1,8 @@
 """OpenAI's Conversations API on the router's store (router/store/conversations.py): create, get and delete a
-conversation; list, add, get and delete its items. A response given a `conversation` reads its items as the turns
-before its input, and adds its input and output to it (router/openai/responses_api.py). FastAPI's routes, each behind
-the bearer token; every conversation is its owner's (router/openai/owner.py): another owner's is not found (404).
-Items are checked as a response's input items are (router/checks/responses_checks.py), at most 20 per request."""
+conversation; list, add, get and delete its items. A response given a `conversation` reads its items as the turns before
+its input, and adds its input and output to it (router/openai/responses_api.py). FastAPI's routes, each behind the
+caller's authentication; every conversation is its owner's (`owner_of`: router/service.py): another owner's is not found
+(404). Items are checked as a response's input items are (router/checks/responses_checks.py), at most 20 per request."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Query, Request
 
-from pdcluster.common.http import ApiError, check_bearer, read_json_object
+from pdcluster.common.http import ApiError, read_json_object
 from router.checks.responses_checks import check_conversation_body
-from router.openai.owner import owner_of
 from router.openai.responses_api import NO_STORE, ResponsesApi
 from router.openai.responses_render import input_items
 from router.store import Conversation, ConversationItem, ItemTooLarge, NotFound, Store
@@ -46,8 +45,8 @@ def _missing_item(conversation_id: str, item_id: str) -> ApiError:
 
 
 class ConversationRoutes:
-    def __init__(self, api: ResponsesApi, api_key: str | None, max_body_bytes: int) -> None:
-        self.api, self.api_key, self.max_body_bytes = api, api_key, max_body_bytes
+    def __init__(self, api: ResponsesApi, owner_of: Callable[[Request], str], max_body_bytes: int) -> None:
+        self.api, self.owner_of, self.max_body_bytes = api, owner_of, max_body_bytes
 
     def install(self, app: FastAPI) -> None:
         item = ROUTE + "/{conversation_id}/items/{item_id}"
@@ -62,10 +61,10 @@ class ConversationRoutes:
 
     async def _opened(self, request: Request) -> tuple[Store, str]:
         """The store and the caller's owner string, once the caller is let in."""
-        check_bearer(request, self.api_key)
+        owner = self.owner_of(request)
         if self.api.store is None:
             raise ApiError(404, f"no conversations: {NO_STORE}")
-        return self.api.store, owner_of(request.headers)
+        return self.api.store, owner
 
     async def _new_items(self, request: Request,
                          fields: tuple[str, ...]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -137,5 +136,6 @@ class ConversationRoutes:
         return _object(conversation)
 
 
-def install(app: FastAPI, api: ResponsesApi, api_key: str | None, max_body_bytes: int) -> None:
-    ConversationRoutes(api, api_key, max_body_bytes).install(app)
+def install(app: FastAPI, api: ResponsesApi, owner_of: Callable[[Request], str], max_body_bytes: int) -> None:
+    """`owner_of`: the caller let in (401 otherwise) and who owns what it reads and writes."""
+    ConversationRoutes(api, owner_of, max_body_bytes).install(app)

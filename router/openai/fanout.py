@@ -221,8 +221,7 @@ class FanOut:
                     continue
                 if first:
                     first = False
-                    self.metrics.ttft.labels(self.request.route).observe(
-                        time.monotonic() - self.choices[0].attempt_started)
+                    self.metrics.first_token(self.request.route, time.monotonic() - self.choices[0].attempt_started)
                 yield out
                 if out.startswith(b'data: {"error"'):
                     return  # the others are cancelled, below

@@ -1,18 +1,17 @@
 """`POST /v1/responses`: a Responses request served as the chat request of its conversation, through the chat path
 (router/service.py's `serve`: the same pairing, retries, aborts, checks and tracing), and its answer as a Response
-object, whole or streamed (router/openai/responses_render.py, responses_stream.py).
-
-The store (router/store/): a response is kept with this turn's input items unless `store` is false (OpenAI's default
-keeps it), before the client gets it (streamed: before response.completed), so that the next turn's
-`previous_response_id` always finds it. That chain is rebuilt from the store, the caller's own turns only
-(router/openai/owner.py): another owner's id is not found. The stored turns' routes: router/openai/responses_routes.py.
+object, whole or streamed (router/openai/responses_render.py, responses_stream.py). The store (router/store/): a
+response is kept with this turn's input items unless `store` is false (OpenAI's default keeps it), before the client
+gets it (streamed: before response.completed), so that the next turn's `previous_response_id` always finds it. That
+chain is rebuilt from the store, the caller's own turns only (`owner_of`: router/service.py): another owner's id is not
+found. The stored turns' routes: router/openai/responses_routes.py.
 """
 
 from __future__ import annotations
 
 import json  # as SGLang wrote the answer: logprobs may be -Infinity, which json reads and writes back, orjson not
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -24,7 +23,6 @@ from router.checks.checked import Checked
 from router.checks.responses_checks import check_responses
 from router.checks.validation import check_chat
 from router.openai import responses_render as render
-from router.openai.owner import owner_of
 from router.openai.responses_stream import ResponseEvents
 from router.pd.request import PdRequest
 from router.store import NewResponse, NotFound, Store, StoredResponse, new_id
@@ -43,13 +41,14 @@ class ResponsesApi:
     def __init__(self) -> None:
         self.store: Store | None = None  # opened at start-up (router/app.py's lifespan); None: `store.backend: none`
 
-    async def answer(self, body: dict[str, Any], headers: Mapping[str, str], make_request: MakeRequest,
+    async def answer(self, body: dict[str, Any], owner: str, make_request: MakeRequest,
                      serve: Serve) -> Answer | StreamAnswer:
+        """`owner`: who owns what this turn reads and stores (router/service.py's `owner_of`)."""
         metadata = body.get("metadata")  # ignored by the checks (left out of the body), but echoed
         check_responses(body)
         if metadata is not None:
             body["metadata"] = metadata
-        owner, keep = owner_of(headers), self._keeps(body)
+        keep = self._keeps(body)
         body["store"] = keep  # as the answer says it
         items = render.input_items(body["input"])
         conversation = body.get("conversation")
@@ -141,9 +140,9 @@ class ResponsesApi:
             raise ApiError(503, "the response was made but could not be stored (the router's log has the "
                                 "details)") from None
 
-    async def stored(self, headers: Mapping[str, str], response_id: str) -> StoredResponse:
-        """The caller's stored response; 404 for none (absent, expired, deleted, or another owner's)."""
-        found = await self.store.responses.get(owner_of(headers), response_id) if self.store is not None else None
+    async def stored(self, owner: str, response_id: str) -> StoredResponse:
+        """The owner's stored response; 404 for none (absent, expired, deleted, or another owner's)."""
+        found = await self.store.responses.get(owner, response_id) if self.store is not None else None
         if found is None:
             raise ApiError(404, f"response with id '{response_id}' not found", "response_id")
         return found

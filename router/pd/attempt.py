@@ -168,7 +168,7 @@ class Attempt:
                     if self.first_token_timer is not None:
                         self.first_token_timer.cancel()
                     if self.timed:
-                        metrics.ttft.labels(request.route).observe(first_at - request.attempt_started)
+                        metrics.first_token(request.route, first_at - request.attempt_started)
                     if asked is not None:  # a completion's echoed prompt: each choice's first event
                         echoed = EchoStream(await prefill_half.answer(), asked)
                     elif request.merge_logprobs:
@@ -205,6 +205,17 @@ class Attempt:
         self.first_token_timer = loop.call_later(config.first_token_timeout, lambda: response.interrupt(
             DeadlinePassed(self.decode, f"no token within first_token_timeout ({config.first_token_timeout}s)")))
 
+    def _queue_explains(self, failure: HalfFailed) -> bool:
+        """A decode that waited out SGLang's KV timeout while the prefill half had not answered: the prefill's queue
+        (or, if it hangs, liveness's business) explains the wait, not the decode, whose breaker does not hear of it."""
+        explained = failures.kv_wait_timed_out(failure) and self.prefill_half is not None and \
+            not self.prefill_half.future.done()
+        if explained:
+            log.warning("decode waited out its KV while the prefill had not answered: not held against the decode",
+                        extra={"request_id": self.request.request_id, "decode": self.decode.worker_id,
+                               "prefill": self.prefill.worker_id})
+        return explained
+
     def end(self, ending: AttemptState = AttemptState.CLIENT_GONE, failure: HalfFailed | None = None) -> None:
         """Give back everything the attempt holds, and record its `outcome`. `failure`: the half that failed (its
         breaker hears of it, the other half is aborted); none, and not delivered: both halves are aborted."""
@@ -220,7 +231,7 @@ class Attempt:
         delivered = ending is AttemptState.DELIVERED
         aborted = () if delivered else failures.halves_to_abort(failure, self.prefill, self.decode)
         self.d.abort(self.request, aborted)  # no KV slot waits out SGLang's own timeouts
-        if failure is not None and failure.counts_against_worker:
+        if failure is not None and failure.counts_against_worker and not self._queue_explains(failure):
             failure.worker.breaker.on_failure()
         if failure is not None and failure.transport:  # unreachable, or dropped the connection: out of rotation
             mark_failed(failure.worker, threshold=1)  # until a probe succeeds

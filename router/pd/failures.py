@@ -16,6 +16,7 @@ import re
 import orjson
 
 from pdcluster.common.http import error_body
+from pdcluster.common.protocol import Role
 from router.fleet.workers import Worker
 from router.transport.edge import Answer, error_answer
 from router.transport.upstream_response import ConnectFailed, ReadTimeout, UpstreamError
@@ -119,6 +120,16 @@ def status_failure(worker: Worker, status: int, payload: bytes) -> HalfFailed:
         return grammar_failure(worker, payload)
     return HalfFailed(worker, status if status < 500 else 502, f"{_who(worker)} answered {status}",
                       payload, worker_fault(status), detail=f"{worker.url}: {payload[:200]!r}")
+
+
+# What SGLang's decode says when a request's KV did not come within SGLANG_DISAGGREGATION_WAITING_TIMEOUT (0.5.23:
+# "Request <room> timed out after <s>s in KVPoll.WaitingForInput", disaggregation/common/conn.py).
+KV_WAIT_TIMED_OUT = b"in KVPoll.WaitingForInput"
+
+
+def kv_wait_timed_out(failure: HalfFailed) -> bool:
+    """Whether the failure is a decode's that waited out SGLang's KV timeout."""
+    return failure.worker.role is Role.DECODE and KV_WAIT_TIMED_OUT in (failure.body or b"")[:4096]
 
 
 def prefill_answer(worker: Worker, status: int, payload: bytes) -> bytes:

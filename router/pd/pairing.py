@@ -5,7 +5,8 @@ filter -> scorer -> picker: filters narrow each role's candidates, then the role
     prefill: available -> compatible with the chosen decode               -> prefill policy
 
 "available": usable (Worker.unusable: registry, probes, liveness, breaker), and not tried already by this request,
-unless every available worker of the role has been (then tried ones may serve again). A later choice of an OpenAI
+unless every available worker of the role has been (then tried ones may serve again); of the model an OpenAI request
+names (`serves`; a name no worker serves is a 404 model_not_found). A later choice of an OpenAI
 request with `n` (router/openai/fanout.py) keeps to the prefill that holds its prompt already, while it is available.
 "Holds the prompt": its KV pool can pre-allocate it (why and how: router/pd/kv_fit.py; else PromptTooLong).
 "Compatible": same model identity (model, page size, KV dtype, transfer backend; static workers match anything).
@@ -31,8 +32,21 @@ from router.pd.request import PdRequest
 from router.routing.policy import Choice, Policy, RoutingView
 
 
-def available(pool: WorkerPool, role: Role, tried: set[str]) -> list[Worker]:
-    workers = [w for w in pool.of_role(role) if not w.unusable()]
+def serves(worker: Worker, model: str | None) -> bool:
+    """Whether the worker serves the model a request names (its served name or its path; None: any). A static
+    worker, whose model the router does not know, serves any."""
+    identity = worker.identity
+    return model is None or identity is None or model in (identity.served_model_name, identity.model_path)
+
+
+def requested_model(request: PdRequest) -> str | None:
+    """The model an OpenAI request names (native /generate names none)."""
+    model = request.body.get("model") if request.route != "/generate" else None
+    return model if isinstance(model, str) else None
+
+
+def available(pool: WorkerPool, role: Role, tried: set[str], model: str | None = None) -> list[Worker]:
+    workers = [w for w in pool.of_role(role) if not w.unusable() and serves(w, model)]
     untried = [w for w in workers if w.worker_id not in tried] if tried else workers
     return untried or workers
 
@@ -84,14 +98,18 @@ class Pairing:
         view = RoutingView(request.route, request.body, request.checked)
         if (prepare := self.prefill_policy.prepare) is None or not prepared:
             return view
-        ids = await prepare(available(self.pool, Role.PREFILL, request.tried), view)
+        model = requested_model(request)
+        ids = await prepare(available(self.pool, Role.PREFILL, request.tried, model), view)
         return view if ids is None else RoutingView(request.route, request.body, request.checked, ids)
 
     def choose(self, request: PdRequest, view: RoutingView, prefer_prefill: str | None = None) -> Choice:
         """The pair for the request's next attempt, and what the prefill policy expects there; 503 if no pair can
         serve it. `prefer_prefill`: a fan-out's later choice's, where its prompt is cached already."""
-        prefills = available(self.pool, Role.PREFILL, request.tried)
-        decodes = available(self.pool, Role.DECODE, request.tried)
+        model = requested_model(request)
+        if model is not None and not any(serves(w, model) for w in self.pool.workers.values()):
+            raise ApiError(404, f"the model {model!r} is not served here", "model", "model_not_found")
+        prefills = available(self.pool, Role.PREFILL, request.tried, model)
+        decodes = available(self.pool, Role.DECODE, request.tried, model)
         if prefer_prefill is not None:
             prefills = preferred(prefills, decodes, prefer_prefill)
         candidates = pairable(decodes, prefills)

@@ -7,10 +7,12 @@ finish within PREFILL_GRACE of the decode's.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from router.pd import failures
 from router.pd.failures import TRANSPORT_ERRORS, HalfFailed
 from router.pd.fan_out_options import FanOutOptions
+from router.pd.queue_wait import record_prefill
 from router.pd.request import PdRequest
 from router.routing.policy import Choice
 from router.transport.upstream import UpstreamClient, UpstreamResponse
@@ -27,6 +29,7 @@ class PrefillHalf:
         self.client, self.worker, self.body, self.request = client, choice.prefill, body, request
         self.failure: HalfFailed | None = None
         self.sent = False  # held at a fan-out's gate until its prompt is cached, else sent at once
+        self.sent_at = 0.0
         self._decode: UpstreamResponse | None = None  # the decode's response, to interrupt if this half fails
         self.prompt_tokens = request.checked.prompt_tokens
         self.books = [choice.prefill, choice.decode]  # unbook() empties it
@@ -41,7 +44,7 @@ class PrefillHalf:
     async def _send(self, gate: asyncio.Future | None) -> bytes:
         if gate is not None:  # a fan-out's later choice: sent once its prompt is cached
             await asyncio.shield(gate)  # meanwhile its decode half's handshake is done
-        self.sent, r = True, None
+        self.sent, self.sent_at, r = True, time.monotonic(), None
         try:
             r = await self.client.request("POST", self.worker.url, self.request.route, self.body, self.request.headers)
             payload = await r.read()
@@ -68,7 +71,11 @@ class PrefillHalf:
 
     def _done(self, future: asyncio.Future) -> None:
         self.unbook()
-        if not future.cancelled() and isinstance(error := future.exception(), HalfFailed):
+        if future.cancelled():
+            return
+        if (error := future.exception()) is None:  # answered: the prefill's rate, measured (router/pd/queue_wait.py)
+            record_prefill(self.worker, self.work, self.sent_at, time.monotonic())
+        elif isinstance(error, HalfFailed):
             self.failure = error
             if self._decode is not None:
                 self._decode.interrupt(self.failure)

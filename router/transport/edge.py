@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdcluster.common.http import error_parts, read_body
+from pdcluster.common.protocol import ErrorType
 
 log = logging.getLogger("pdcluster.router")
 
@@ -42,8 +43,8 @@ class StreamAnswer:
     close: Callable[[], None] = lambda: None
 
 
-def error_answer(status: int, message: str, param: str | None = None) -> Answer:
-    return Answer(status, *error_parts(status, message, param))
+def error_answer(status: int, message: str, param: str | None = None, kind: ErrorType | None = None) -> Answer:
+    return Answer(status, *error_parts(status, message, param, kind))
 
 
 # Watching for a disconnect costs a task per request (~10% of the router's CPU at 256 clients), and only matters

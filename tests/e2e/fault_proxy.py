@@ -4,7 +4,8 @@
 back, whole (a stream arrives at once, still a valid stream). `faults.arm(status, body)`: the next POST /generate
 through any proxy sharing `faults` is passed on and answered by the worker as usual, then its answer is replaced by
 that one. The worker did its whole part, and so did the other half of the pair (the KV was handed over): nothing is
-left waiting on either, only the router reads a failure.
+left waiting on either, only the router reads a failure. `faults.passing.clear()` holds every POST /generate at the
+proxy (a prefill slow to start) until `faults.passing.set()`; `faults.generates` counts them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class Faults:
         self.lock = threading.Lock()
         self.armed: list[tuple[int, bytes]] = []
         self.fired = 0
+        self.generates = 0  # POST /generate requests that reached a proxy sharing this
+        self.passing = threading.Event()  # cleared: each POST /generate is held at the proxy until it is set again
+        self.passing.set()
 
     def arm(self, status: int, body: bytes) -> None:
         with self.lock:
@@ -66,6 +70,10 @@ class FaultProxy:
 
             def _pass_on(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                if self.command == "POST" and self.path == "/generate":
+                    with proxy.faults.lock:
+                        proxy.faults.generates += 1
+                    proxy.faults.passing.wait(60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 try:
                     answer = proxy.client.request(self.command, self.path, content=body, headers=headers)

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from bootstrap.config import BootstrapConfig
 from pdcluster.local.spec import LocalSpec, WorkerGroupSpec
 from pdcluster.worker.settings import ClusterSettings, KVStoreSettings
-from router.config import RouterConfig, StaticWorker, StoreConfig
+from router.config import AdmissionConfig, PriorityClass, RouterConfig, StaticWorker, StoreConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGURATION = REPO / "docs" / "configuration.md"
@@ -27,6 +27,8 @@ TABLES: list[tuple[str, str, type[BaseModel]]] = [
     ("## Router", "key", RouterConfig),
     ("## Router", "static worker key", StaticWorker),
     ("## Router", "`store:` key", StoreConfig),
+    ("## Router", "`admission:` key", AdmissionConfig),
+    ("## Router", "`classes:` key", PriorityClass),
     ("## Bootstrap service", "key", BootstrapConfig),
     ("## Local cluster", "key", LocalSpec),
     ("## Local cluster", "worker group key", WorkerGroupSpec),
@@ -81,6 +83,8 @@ def test_the_defaults_written_as_literals_are_the_models(section, first_header, 
         written = yaml.safe_load(literal.group(1))
         if isinstance(default, BaseModel):  # a section (`store: {}`): the model the written mapping makes
             written = type(default).model_validate(written)
+        elif isinstance(default, dict) and default and isinstance(next(iter(default.values())), BaseModel):
+            written = {k: type(next(iter(default.values()))).model_validate(v) for k, v in written.items()}
         elif isinstance(written, str) and not isinstance(default, str):
             written = type(default)(written) if default is not None else written
         assert written == default, f"{model.__name__}.{name}: documented {cell}, the model's default is {default!r}"

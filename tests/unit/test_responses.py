@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from contextlib import ExitStack, contextmanager
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -14,8 +15,10 @@ import pytest
 
 from router.app import create_app
 from router.config import RouterConfig, StoreConfig
+from router.fleet.workers import WorkerPool
+from router.metrics import RouterMetrics
 from router.openai import responses_render as render
-from router.openai.owner import owner_of
+from router.pd.tenants import Tenancy
 from tests.fakes import Behaviour, FakeWorker, ServerThread
 
 PATH = "/v1/responses"
@@ -74,10 +77,17 @@ def test_items_become_the_chat_messages_of_the_conversation():
         "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}}
 
 
-def test_the_owner_is_the_sha256_of_the_bearer_token_or_anonymous():
-    assert owner_of({"authorization": "Bearer alice"}) == owner_of({"authorization": "bearer  alice"}) != "alice"
-    assert len(owner_of({"authorization": "Bearer alice"})) == 64
-    assert owner_of({}) == owner_of({"authorization": "Basic x"}) == "anonymous"
+def test_without_tenants_the_owner_is_the_sha256_of_the_bearer_token_or_anonymous():
+    config = RouterConfig(bootstrap_url=None, prefill=[{"url": "http://p", "kv_bootstrap_port": 1}],
+                          decode=[{"url": "http://d"}])
+    tenancy = Tenancy(config, RouterMetrics(WorkerPool()))
+
+    def owner(headers: dict[str, str]) -> str:
+        return tenancy.tenant_of(SimpleNamespace(headers=headers))  # type: ignore[arg-type]
+
+    assert owner({"authorization": "Bearer alice"}) == owner({"authorization": "bearer  alice"}) != "alice"
+    assert len(owner({"authorization": "Bearer alice"})) == 64
+    assert owner({}) == owner({"authorization": "Basic x"}) == "anonymous"
 
 
 # --- through the router ------------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ MESSAGE: dict[str, Rule] = {
 
 # Fields both OpenAI routes share, with the native rule of the same meaning.
 COMMON: dict[str, Rule] = {
-    "model": passed("the served model's name (SGLang answers for its own model whatever the name)", Name | None),
+    "model": passed("a served model's name or path (another: a 404)", Name | None),
     "frequency_penalty": SAMPLING["frequency_penalty"],
     "presence_penalty": SAMPLING["presence_penalty"],
     "logit_bias": SAMPLING["logit_bias"],
