@@ -12,7 +12,7 @@ ROUTER_URL ?= http://127.0.0.1:8000
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 # prometheus: the real Prometheus that tests/e2e/test_prometheus.py scrapes the test cluster with (the binary only:
 # nothing starts it as a service). postgresql: the real PostgreSQL the store's tests start in a temp dir
-# (tests/unit/postgres_server.py).
+# (bench/harness/postgres.py).
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap prometheus postgresql
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
