@@ -26,31 +26,39 @@ from bench.harness.postgres import PostgresServer
 from bench.store import load, report
 
 
-def start_routers(logs: Path, postgres: PostgresServer) -> dict[str, procs.Proc]:
+def start_routers(logs: Path, postgres: PostgresServer, started: dict[str, procs.Proc]) -> None:
+    """The fakes, then a router on each store, into `started` as each starts (the caller stops them all)."""
     fakes = procs.start_fakes(logs, load.OUTPUT_TOKENS)
+    started.update(fake_prefill=fakes[0], fake_decode=fakes[1])
     prefill, decode = procs.as_workers(*fakes)
     stores = {"sqlite": {"backend": "sqlite", "url": f"sqlite+aiosqlite:///{logs / 'responses.db'}"},
               "postgresql": {"backend": "postgresql", "url": postgres.url()}}
-    routers = {name: procs.start_ours(f"router_{name}", logs, [prefill], [decode], settings={"store": store})
-               for name, store in stores.items()}
-    for proc in routers.values():
-        procs.wait_ready(proc, lambda p=proc: procs.generate_ok(p.port), 60)
-    return {"fake_prefill": fakes[0], "fake_decode": fakes[1], **routers}
+    for name, store in stores.items():
+        started[name] = procs.start_ours(f"router_{name}", logs, [prefill], [decode], settings={"store": store})
+    for name in stores:
+        procs.wait_ready(started[name], lambda p=started[name]: procs.generate_ok(p.port), 60)
 
 
-def measure(url: str, mode: str, workload: str, concurrency: int, args: argparse.Namespace, ours: list[int]) -> dict:
-    """One cell after its unmeasured warm-up, with the cores the rest of the machine used meanwhile (`ours`: the PIDs
-    of this benchmark's process trees, itself included)."""
+def measure(url: str, mode: str, workload: str, concurrency: int, args: argparse.Namespace,
+            pids: dict[str, int]) -> dict:
+    """One cell after its unmeasured warm-up: the turns' latency, the CPU the router under test and the PostgreSQL
+    server spent per turn (steadier than latency on a shared machine), and the cores the rest of the machine used
+    meanwhile (`pids`: the roots of this benchmark's process trees, itself included)."""
     store = mode != "off"
     asyncio.run(load.run_cell(url, store, workload, concurrency, args.warmup))
-    before_ours, before_busy = sum(procs.tree_cpu_seconds(p) for p in ours), cpu.busy_cpu_seconds()
-    started = time.monotonic()
+    before = {name: procs.tree_cpu_seconds(pid) for name, pid in pids.items()}
+    before_busy, started = cpu.busy_cpu_seconds(), time.monotonic()
     cell = asyncio.run(load.run_cell(url, store, workload, concurrency, args.duration))
     wall = time.monotonic() - started
-    others = (cpu.busy_cpu_seconds() - before_busy - (sum(procs.tree_cpu_seconds(p) for p in ours) - before_ours))
+    used = {name: procs.tree_cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    others = cpu.busy_cpu_seconds() - before_busy - sum(used.values())
+    turns = max(len(cell.latencies_ms), 1)
+    router = used["postgresql" if mode == "postgresql" else "sqlite"]
     return {"mode": mode, "workload": workload, "concurrency": concurrency, "requests": len(cell.latencies_ms),
             "errors": cell.errors, "errors_total": sum(cell.errors.values()), "duration_s": round(wall, 3),
             "req_per_s": round(len(cell.latencies_ms) / wall, 1), "latency_ms": report.latency(cell.latencies_ms),
+            "router_cpu_ms_per_turn": round(1000 * router / turns, 3),
+            "postgres_cpu_ms_per_turn": round(1000 * used["postgres"] / turns, 3),
             "cores_used_by_others": round(max(0.0, others / wall), 3),
             "contended": others / wall > cpu.CONTENDED_CORES}
 
@@ -58,21 +66,22 @@ def measure(url: str, mode: str, workload: str, concurrency: int, args: argparse
 def run_rounds(started: dict[str, procs.Proc], postgres: PostgresServer, args: argparse.Namespace) -> list[dict]:
     urls = {"off": started["sqlite"].url, "sqlite": started["sqlite"].url, "postgresql": started["postgresql"].url}
     assert postgres.process is not None
-    ours = [os.getpid(), postgres.process.pid, *(p.popen.pid for p in started.values())]
+    pids = {"bench": os.getpid(), "postgres": postgres.process.pid, **{n: p.popen.pid for n, p in started.items()}}
     cells: list[dict] = []
     print(f"{'round':>5} {'workload':8} {'conc':>4} {'mode':10} {'turns':>6} {'err':>4} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'others':>6}", flush=True)
+          f"{'CPU ms':>6} {'others':>6}", flush=True)
     order = list(report.MODES)
     for r in range(args.rounds):
         for concurrency in args.concurrency:
             for workload in load.WORKLOADS:
                 for mode in order[r % len(order):] + order[:r % len(order)]:
-                    cell = {**measure(urls[mode], mode, workload, concurrency, args, ours), "round": r}
+                    cell = {**measure(urls[mode], mode, workload, concurrency, args, pids), "round": r}
                     cells.append(cell)
                     lat = cell["latency_ms"]
                     print(f"{r:>5} {workload:8} {concurrency:>4} {mode:10} {cell['requests']:>6} "
                           f"{cell['errors_total']:>4} {lat['p50'] or float('nan'):>7.2f} "
-                          f"{lat['p99'] or float('nan'):>7.2f} {cell['cores_used_by_others']:>6.2f}", flush=True)
+                          f"{lat['p99'] or float('nan'):>7.2f} {cell['router_cpu_ms_per_turn']:>6.2f} "
+                          f"{cell['cores_used_by_others']:>6.2f}", flush=True)
     return cells
 
 
@@ -94,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     started: dict[str, procs.Proc] = {}
     try:
         postgres.start()
-        started = start_routers(logs, postgres)
+        start_routers(logs, postgres, started)
         cells = run_rounds(started, postgres, args)
     finally:
         for proc in reversed(started.values()):

@@ -51,7 +51,9 @@ def derive(cells: list[dict]) -> dict:
         out[key] = {"workload": workload, "concurrency": concurrency, **{
             m: {"p50_ms": spread([c["latency_ms"]["p50"] for c in mine if c["mode"] == m]),
                 "p99_ms": spread([c["latency_ms"]["p99"] for c in mine if c["mode"] == m]),
-                "req_per_s": round(percentile([c["req_per_s"] for c in mine if c["mode"] == m], 50), 1)}
+                "req_per_s": round(percentile([c["req_per_s"] for c in mine if c["mode"] == m], 50), 1),
+                "router_cpu_ms_per_turn": spread([c["router_cpu_ms_per_turn"] for c in mine if c["mode"] == m]),
+                "postgres_cpu_ms_per_turn": spread([c["postgres_cpu_ms_per_turn"] for c in mine if c["mode"] == m])}
             for m in MODES}}
         for store in STORES:
             added = [p50[store][r] - p50["off"][r] for r in rounds if p50[store].get(r) is not None]
@@ -70,22 +72,26 @@ def _name(cell: dict) -> str:
 
 
 def table(result: dict) -> str:
-    """bench/README.md's table: per workload and concurrency, p50 / p99 of each mode and each store's added p50."""
+    """bench/README.md's table: per workload and concurrency, p50 / p99 of each mode, each store's added p50 with its
+    spread and verdict, and the router's CPU per turn in each mode (PostgreSQL's: plus the server's)."""
     s, derived = result["settings"], result["derived"]
     rows = []
     for d in derived["cells"].values():
         row = [d["workload"], str(d["concurrency"]), _p50_p99(d["off"])]
         for store in STORES:
             added = d[store]["added_p50_ms"]
-            row += [_p50_p99(d[store]), f"{added['p50']:+.2f} ({added['p10']:+.2f} to {added['p90']:+.2f}), "
+            row += [_p50_p99(d[store]), f"{added['p50']:+.2f} ({added['p10']:+.2f}..{added['p90']:+.2f}) "
                                         + met(added["p50"] <= TARGET_MS)]
+        cpu = [d[m]["router_cpu_ms_per_turn"]["p50"] for m in MODES]
+        server = d["postgresql"]["postgres_cpu_ms_per_turn"]["p50"]
+        row.append(f"{cpu[0]:.2f} / {cpu[1]:.2f} / {cpu[2]:.2f}+{server:.2f}")
         rows.append(row)
     contended = len(derived["contended_cells"])
     return (f"{s['rounds']} rounds of {s['duration_s']:g} s cells, FAKE workers, client latency; medians over rounds"
-            f" (added: p10 to p90){f'; {contended} cells contended' if contended else ''}:\n\n"
-            + grid(["workload", "concurrency", "store: false p50 / p99 ms", "SQLite p50 / p99 ms",
-                    f"SQLite added p50 ms, <= {TARGET_MS:g}", "PostgreSQL p50 / p99 ms",
-                    f"PostgreSQL added p50 ms, <= {TARGET_MS:g}"], rows))
+            f" (added: p10..p90){f'; {contended} cells contended' if contended else ''}:\n\n"
+            + grid(["workload", "clients", "false: p50 / p99 ms", "SQLite: p50 / p99", "added p50",
+                    "PostgreSQL: p50 / p99", "added p50", "router CPU ms/turn: false / SQLite / PostgreSQL+server"],
+                   rows))
 
 
 def _p50_p99(mode: dict) -> str:
