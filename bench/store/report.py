@@ -84,18 +84,17 @@ def table(result: dict) -> str:
                                         + met(added["p50"] <= TARGET_MS)]
         cpu = [d[m]["router_cpu_ms_per_turn"]["p50"] for m in MODES]
         server = d["postgresql"]["postgres_cpu_ms_per_turn"]["p50"]
-        row.append(f"{cpu[0]:.2f} / {cpu[1]:.2f} / {cpu[2]:.2f}+{server:.2f}")
+        row.append(f"{cpu[0]:.2f}/{cpu[1]:.2f}/{cpu[2]:.2f}+{server:.2f}")
         rows.append(row)
     contended = len(derived["contended_cells"])
-    return (f"{s['rounds']} rounds of {s['duration_s']:g} s cells, FAKE workers, client latency; medians over rounds"
-            f" (added: p10..p90){f'; {contended} cells contended' if contended else ''}:\n\n"
-            + grid(["workload", "clients", "false: p50 / p99 ms", "SQLite: p50 / p99", "added p50",
-                    "PostgreSQL: p50 / p99", "added p50", "router CPU ms/turn: false / SQLite / PostgreSQL+server"],
-                   rows))
+    return (f"{s['rounds']} rounds of {s['duration_s']:g} s, FAKE workers, client latency (ms), medians over rounds"
+            f" (p10..p90){f', {contended} cells contended' if contended else ''}:\n\n"
+            + grid(["workload", "clients", "false p50/p99", "SQLite p50/p99", "added p50", "PostgreSQL p50/p99",
+                    "added p50", "router CPU ms/turn: false/SQLite/PostgreSQL+server"], rows))
 
 
 def _p50_p99(mode: dict) -> str:
-    return f"{num(mode['p50_ms']['p50'])} / {num(mode['p99_ms']['p50'])}"
+    return f"{num(mode['p50_ms']['p50'])}/{num(mode['p99_ms']['p50'])}"
 
 
 def draw(result: dict, path: Path) -> None:
