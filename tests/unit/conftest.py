@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from router.config import StoreConfig
 from bench.harness.postgres import PostgresServer
+from router.config import StoreConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
