@@ -12,12 +12,12 @@ ROUTER_URL ?= http://127.0.0.1:8000
 MOONCAKE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 # prometheus: the real Prometheus that tests/e2e/test_prometheus.py scrapes the test cluster with (the binary only:
 # nothing starts it as a service). postgresql: the real PostgreSQL the store's tests start in a temp dir
-# (tests/unit/postgres_server.py).
+# (bench/harness/postgres.py).
 APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io debootstrap prometheus postgresql
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
 	bench-tracing bench-tracing-instructions bench-persistence bench-kv-handoff bench-clients bench-routing \
-	bench-routing-decision bench-routing-restarts profile bench-planner clean
+	bench-routing-decision bench-routing-restarts bench-store profile bench-planner clean
 
 setup: system-packages venv model
 
@@ -97,6 +97,11 @@ bench-tracing:
 # bench/results/tracing-instructions.json and .png.
 bench-tracing-instructions:
 	$(PY) -m bench.tracing.instructions
+
+# What the Responses store adds to a turn at the router, SQLite and PostgreSQL next to store: false, on the fake
+# workers and a PostgreSQL it starts (~4 min): bench/results/store.json and .png.
+bench-store:
+	$(PY) -m bench.store
 
 # Real clusters on the CPU demo model under sglang.bench_serving (~18 min): our router vs SGLang's (and vs an
 # identical twin of ours: the noise), PD vs colocated, prefix vs round robin, sleep-on-idle on vs off, idle CPU:

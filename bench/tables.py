@@ -21,6 +21,7 @@ from bench.pd import report as pd
 from bench.persistence import report as persistence
 from bench.router import report as router
 from bench.routing import report as routing
+from bench.store import report as store
 from bench.tracing import cost as tracing_cost
 from bench.tracing import instructions as tracing_instructions
 
@@ -45,6 +46,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "routing-restarts-shared": lambda: routing.readme_restarts("routing-restarts-shared.json"),
     "tracing-cost": lambda: sourced("tracing-cost.json", tracing_cost.table),
     "tracing-instructions": lambda: sourced("tracing-instructions.json", tracing_instructions.table),
+    "store": lambda: sourced("store.json", store.table),
 }
 
 

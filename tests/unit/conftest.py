@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.postgres import PostgresServer
 from router.config import StoreConfig
-from tests.unit.postgres_server import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def demo_model() -> Path:
 
 @pytest.fixture(scope="session")
 def postgres():
-    """A real PostgreSQL for this test process (tests/unit/postgres_server.py), stopped at the end. One that cannot
+    """A real PostgreSQL for this test process (bench/harness/postgres.py), stopped at the end. One that cannot
     start fails the tests that need it: never a skip."""
     server = PostgresServer()
     try:

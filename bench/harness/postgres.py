@@ -1,6 +1,8 @@
-"""A real PostgreSQL for the store's tests, started and stopped by the suite: Debian's server (`make setup` installs the
-`postgresql` package) in a cluster made by initdb in a temp dir, reachable only through a unix socket in that dir (no
-port to collide on, with another test run or the machine's own server), durability off (a test's data is thrown away).
+"""A real PostgreSQL for the store's tests (tests/unit/conftest.py) and its benchmark (bench/store/), started and
+stopped by them: Debian's server (`make setup` installs the `postgresql` package) in a cluster made by initdb in a temp
+dir, reachable only through a unix socket in that dir (no port to collide on, with another run or the machine's own
+server). Durability is off for the tests (their data is thrown away) and at PostgreSQL's defaults for the benchmark
+(`durable`: a commit waits for its WAL flush, as a production server's does).
 
 The server is this process's own child (not daemonized by pg_ctl), so that stopping it is a signal and a wait, and
 nothing outlives the suite. PostgreSQL refuses to run as root: as root, it runs as the `postgres` user in a dir it
@@ -33,8 +35,9 @@ def server_bin() -> Path:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, durable: bool = False) -> None:
         self.bin = server_bin()
+        self.settings = [] if durable else FAST_AND_THROWAWAY
         self.root = Path(tempfile.mkdtemp(prefix="pdcluster-store-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
@@ -56,7 +59,7 @@ class PostgresServer:
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 [str(self.bin / "postgres"), "-D", str(self.data), "-k", str(self.root), "-c", "listen_addresses=",
-                 *FAST_AND_THROWAWAY], stdout=log, stderr=subprocess.STDOUT, cwd=self.root, **self.as_owner)
+                 *self.settings], stdout=log, stderr=subprocess.STDOUT, cwd=self.root, **self.as_owner)
         self._wait_ready()
 
     def stop(self) -> None:
