@@ -9,24 +9,12 @@ from pathlib import Path
 
 from bench.harness.markdown import grid, met, num
 from bench.harness.plot import pyplot, save, stamp
+from bench.harness.stats import percentile, spread
 
 TARGET_MS = 2.0  # the store may add at most this much to a turn's p50
 MODES = ("off", "sqlite", "postgresql")  # off: `store: false`
 STORES = MODES[1:]
 LABELS = {"off": "store: false", "sqlite": "store: true, SQLite", "postgresql": "store: true, PostgreSQL"}
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear between the closest ranks (few rounds: no sample is wasted)."""
-    ordered = sorted(values)
-    at = (len(ordered) - 1) * q / 100
-    low = int(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {f"p{q}": round(percentile(values, q), 3) for q in (10, 50, 90)}
 
 
 def latency(samples_ms: list[float]) -> dict[str, float | None]:

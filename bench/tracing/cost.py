@@ -28,6 +28,7 @@ from bench.harness import loadgen, procs
 from bench.harness.otlp_receiver import Receiver
 from bench.harness.paths import RESULTS
 from bench.harness.plot import pyplot, save, stamp
+from bench.harness.stats import percentile, spread
 
 TARGET = 1.05  # tracing on may cost the router at most 5% more CPU per request
 SAMPLED = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01"}
@@ -65,19 +66,6 @@ def add_parts(cell: dict, variant: str) -> dict:
 
 def ms(cell: dict, part: str) -> float:
     return cell["target_cpu_ms_per_request" if part == "router" else f"{part}_cpu_ms_per_request"]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear between the closest ranks (few rounds: no sample is wasted)."""
-    ordered = sorted(values)
-    at = (len(ordered) - 1) * q / 100
-    low = int(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {f"p{q}": round(percentile(values, q), 4) for q in (10, 50, 90)}
 
 
 def derive(cells: list[dict], modes: list[str]) -> dict:
