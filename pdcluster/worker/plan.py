@@ -140,7 +140,7 @@ def build_plan(rules: RoleRules, config_path: str | None, overrides: list[str], 
     options = _role_options(rules, raw, overrides)
     cpu = cluster.device == "cpu" or (cluster.device == "auto" and not cuda_available())
     _set_defaults(rules, options, cpu, cluster.kv_store)
-    switchable = switching.decide(options, cluster, cpu)
+    switchable = switching.decide(options, cluster, cpu, role)
     traced_env = tracing.apply(options, cluster.tracing, role.value, os.environ if env is None else env)
     ns = options.parse()
     stored = _check_final(rules, ns, cpu, cluster.kv_store)

@@ -28,6 +28,13 @@ CPU_ENV = {"SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER": "1"}
 # scheduler ("pool memory leak detected! total=65536, available=65441, evictable=94" after one request, measured on
 # tiny-llama): it warns instead.
 ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "0"}
+# A switch-enabled prefill: its radix cache, once it is a decode, keeps every finished request's KV, and SGLang's decode
+# counts evictable cache entries as room for new requests only with this flag (disaggregation/decode.py's
+# pre-allocation budget). Without it a flipped prefill's pool filled with cached turns under sustained load, its
+# pre-allocations stopped, and every prefill's hand-off to it timed out after 60 s (tests/e2e_flip/test_planner.py).
+# A worker started as decode is left as SGLang starts one (no radix cache: the flag would turn SGLang's experimental
+# decode radix cache on).
+PREFILL_FLAGS = {"disaggregation-decode-enable-radix-cache": True}
 
 
 @dataclass
@@ -39,7 +46,7 @@ class FlipPlan:
     kv_events: KVEventsEndpoint | None
 
 
-def decide(options: SGLangOptions, cluster: ClusterSettings, cpu: bool) -> bool:
+def decide(options: SGLangOptions, cluster: ClusterSettings, cpu: bool, role: Role) -> bool:
     """Whether the worker starts switch-enabled, setting the SGLang option (and, on CPU, the other role's profile)
     when it does. The config's own --enable-pd-role-switch decides first, then `cluster.role_switch`, then: wherever
     it can."""
@@ -59,6 +66,8 @@ def decide(options: SGLangOptions, cluster: ClusterSettings, cpu: bool) -> bool:
     if enabled:
         options.set_value("enable-pd-role-switch", True)
         for key, value in CPU_FLAGS.items() if cpu else ():
+            options.set_default(key, value)
+        for key, value in PREFILL_FLAGS.items() if role is Role.PREFILL else ():
             options.set_default(key, value)
     return enabled
 

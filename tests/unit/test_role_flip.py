@@ -183,6 +183,9 @@ def test_workers_start_switch_enabled_with_their_own_kv_bootstrap_port_and_kv_ev
     assert "--disable-overlap-schedule" in d.command and d.env["SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER"] == "1"
     p = plan(tmp_path, model_dir)
     assert argv_value(p.command, "--disaggregation-decode-retraction-backup") == "cpu_tensor"
+    # A prefill's radix cache, once it is a decode, is counted as room for new requests; a decode keeps SGLang's own.
+    assert "--disaggregation-decode-enable-radix-cache" in p.command
+    assert "--disaggregation-decode-enable-radix-cache" not in d.command
     assert switching.CPU_FLAGS == {**prefill.plan.CPU_FLAGS, **decode.plan.CPU_FLAGS}
     assert switching.CPU_ENV == {**prefill.plan.CPU_ENV, **decode.plan.CPU_ENV}
     off = plan(tmp_path, model_dir, "enable-pd-role-switch: false", role=Role.DECODE)
@@ -197,7 +200,7 @@ def test_switching_is_off_where_it_cannot_work_and_refused_when_asked_for_there(
              role=Role.DECODE)
     with pytest.raises(ConfigError, match="clears its HiCache storage"):
         switching.decide(SGLangOptions(sglang_parser()), ClusterSettings(role_switch=True, kv_store=str(tmp_path)),
-                         cpu=True)
+                         cpu=True, role=Role.PREFILL)
 
 
 @pytest.fixture
