@@ -25,7 +25,7 @@ from bench.harness.paths import RESULTS
 from bench.harness.plot import pyplot, save
 
 CONFIG = "configs/decode-only.yaml"
-PORT = 27600
+PORT = 21600
 # SGLang's marker for "no prefill: fake KV" (sglang.srt.disaggregation.utils.FAKE_BOOTSTRAP_HOST). Every request must
 # carry it: SGLang 0.5.23 is meant to treat a request without a bootstrap host as fake on this backend, but its
 # scheduler then crashes building the (None) bootstrap address. bench_serving's --fake-prefill sends it.

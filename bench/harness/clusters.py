@@ -60,8 +60,8 @@ MODELS = {
                           prompts=(30, 10, 16)),
 }
 # 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), tests/chaos (38xxx), persistence (29xxx).
-PORTS = {"router": 27000, "bootstrap": 27998, "prefill": 27100, "kv_bootstrap": 27300, "decode": 27200,
-         "colocated": 27500, "kv_events": 27400}
+PORTS = {"router": 13000, "bootstrap": 13998, "prefill": 13100, "kv_bootstrap": 13300, "decode": 13200,
+         "colocated": 13500, "kv_events": 13400}
 
 
 def worker_config(role: str, sleep_on_idle: bool, out_dir: Path) -> str:

@@ -34,8 +34,8 @@ SHAPES = {
 INITIALIZER_RANGE = 0.02
 # Two clusters side by side, pdcluster's CPU attention on in one and off in the other (cluster.cpu_attention), so
 # that every measurement can alternate between them. 29xxx: below the ephemeral range (32768+), not the tests'.
-PORTS = {"on": {"bootstrap": 29998, "router": 29000, "prefill": 29300, "kv_bootstrap": 29301, "decode": 29400},
-         "off": {"bootstrap": 29997, "router": 29001, "prefill": 29310, "kv_bootstrap": 29311, "decode": 29410}}
+PORTS = {"on": {"bootstrap": 14998, "router": 14000, "prefill": 14300, "kv_bootstrap": 14301, "decode": 14400},
+         "off": {"bootstrap": 14997, "router": 14001, "prefill": 14310, "kv_bootstrap": 14311, "decode": 14410}}
 PAGE = 64
 
 

@@ -8,6 +8,11 @@ import argparse
 
 from pdcluster.common.config_file import ConfigError
 
+# Each SGLang worker picks the port of its scheduler's TCPStore (PortArgs' nccl_port) at random in 22000-29999, below
+# the kernel's ephemeral range (sglang.srt.utils.network.get_free_port_below_ephemeral), and binds it only once its
+# scheduler starts: a port of ours in this range can be taken by a worker that started before it on the same host.
+SGLANG_RANDOM_PORTS = range(22000, 30000)
+
 
 class _RaisingParser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse would print usage and exit; we want one line from the CLI.

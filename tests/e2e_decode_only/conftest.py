@@ -14,7 +14,7 @@ import pytest
 from bench.cluster import decode_only
 from tests.e2e.conftest import demo_model  # noqa: F401 - the fixture, shared by import
 
-PORT = 27650  # not bench.cluster.decode_only's 27600: a benchmark and this test may be started one after the other
+PORT = 21650  # not bench.cluster.decode_only's 21600: a benchmark and this test may be started one after the other
 
 
 @pytest.fixture(scope="package")  # gone before the other clusters of `make test` start

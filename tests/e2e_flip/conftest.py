@@ -1,6 +1,6 @@
 """One real cluster for live role flips: bootstrap service, 2 prefills and 1 decode on the demo model (tiny-llama),
 every worker switch-enabled (the launcher's default on Mooncake), and the router, started once for this directory
-through pdcluster.local on ports of its own (27xxx). Package scope: gone before the next suite starts.
+through pdcluster.local on ports of its own (21xxx). Package scope: gone before the next suite starts.
 
 The fixtures are for every test of a flip (the planner's too): `flip_cluster`, `router`, `reference`, `switch` (the
 CLI people use) and `ask_switch` (the HTTP call a planner makes). Each test leaves the cluster as it found it: the
@@ -25,7 +25,7 @@ from tests.helpers import CLUSTER_POLL, start_cluster, until, worker_id, worker_
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "models" / "tiny-llama"
-BOOTSTRAP_PORT, ROUTER_PORT = 27998, 27000
+BOOTSTRAP_PORT, ROUTER_PORT = 21998, 21000
 WORKERS = ("prefill-0", "prefill-1", "decode-0")
 
 
@@ -33,9 +33,9 @@ def flip_spec() -> LocalSpec:
     return LocalSpec(
         bootstrap=ComponentSpec(config="configs/bootstrap.yaml", port=BOOTSTRAP_PORT),
         router=ComponentSpec(config="tests/e2e/router.yaml", port=ROUTER_PORT),
-        prefill=WorkerGroupSpec(config="configs/prefill.yaml", args=DEMO_ARGS, count=2, first_port=27100,
-                                first_kv_bootstrap_port=27300, first_kv_events_port=27400),
-        decode=WorkerGroupSpec(config="configs/decode.yaml", args=DEMO_ARGS, count=1, first_port=27200),
+        prefill=WorkerGroupSpec(config="configs/prefill.yaml", args=DEMO_ARGS, count=2, first_port=21100,
+                                first_kv_bootstrap_port=21300, first_kv_events_port=21400),
+        decode=WorkerGroupSpec(config="configs/decode.yaml", args=DEMO_ARGS, count=1, first_port=21200),
         ready_timeout=600,
     )
 

@@ -24,7 +24,7 @@ from tests.e2e_flip.conftest import roles
 from tests.e2e_flip.test_flip import Load, flipped
 from tests.helpers import CLUSTER_POLL, until
 
-PLANNER_PORT = 27900  # the suite's ports are 27xxx
+PLANNER_PORT = 21900  # the suite's ports are 21xxx
 INTERVAL_S = 3.0  # one decision every 3 s: quick, and still a few answers per interval on a busy machine
 SHORT_PROMPT, LONG_ANSWER = 8, 64  # decode-heavy: 8 prompt tokens, 64 answer tokens (ignore_eos: always 64)
 LONG_PROMPT = 512  # prompt-heavy: 512 prompt tokens, one answer token

@@ -1,6 +1,6 @@
 """One cluster with its KV cache on disk (`cluster.kv_store`) for the tests of this directory.
 
-Started through pdcluster.local, like tests/e2e, on ports of its own (28xxx/29xxx): bootstrap service, a prefill (a
+Started through pdcluster.local, like tests/e2e, on ports of its own (20xxx): bootstrap service, a prefill (a
 second one, sharing its KV namespace, when a test asks), a decode that also writes the KV of what it generates
 (decode_offload), and a router that names the pair of every answer (X-Pdcluster-Prefill). The worker configs are
 configs/prefill-persistent.yaml and configs/decode-persistent.yaml with a temporary KV directory and the model loaded
@@ -38,7 +38,7 @@ from tests.helpers import CLUSTER_POLL, give_up, until
 # The cluster's relative paths are relative to the working directory: the tests run from the checkout's root.
 REPO = Path(__file__).resolve().parents[2]
 
-BOOTSTRAP_PORT, ROUTER_PORT, PREFILL_PORT, KV_BOOTSTRAP_PORT, DECODE_PORT = 28998, 28000, 28100, 29100, 28200
+BOOTSTRAP_PORT, ROUTER_PORT, PREFILL_PORT, KV_BOOTSTRAP_PORT, DECODE_PORT = 20998, 20000, 20100, 20300, 20200
 PAGE = 64  # kv_store's page size: only whole pages are stored
 DEMO = REPO / "models" / "tiny-llama"
 # name -> extra command-line arguments; a worker not listed is stopped. Every HiCache worker needs ~2.7 GiB of RAM,

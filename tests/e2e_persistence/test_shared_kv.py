@@ -11,7 +11,7 @@ from tests.e2e_persistence.conftest import BOOTSTRAP_PORT, PAGE, TWO_PREFILLS, g
 from tests.helpers import CLUSTER_POLL, until
 
 MAX_NEW = 16
-CACHE_ROUTER_PORT = 28050
+CACHE_ROUTER_PORT = 20050
 
 
 def test_next_turn_finds_the_answer_the_decode_wrote(pc, reference):

@@ -1,6 +1,6 @@
 """One real cluster on SmolLM2-135M-Instruct, the model `make up` serves: bootstrap service, 1 prefill, 1 decode and
 the router, started once for this directory through pdcluster.local with the shipped configs
-(configs/prefill-persistent.yaml, decode-persistent.yaml, router.yaml), on ports of its own (25xxx) and with its KV
+(configs/prefill-persistent.yaml, decode-persistent.yaml, router.yaml), on ports of its own (12xxx) and with its KV
 store in a temporary directory. Package scope: gone before the next suite of `make test` starts its cluster.
 
 The model is the one `make setup` built (scripts/fetch_smollm2.py): nothing is downloaded here. If it is missing or
@@ -24,7 +24,7 @@ from tests.helpers import start_cluster, until
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / SMOLLM2
-BOOTSTRAP_PORT, ROUTER_PORT, PREFILL_PORT, KV_BOOTSTRAP_PORT, DECODE_PORT = 25998, 25000, 25100, 25300, 25200
+BOOTSTRAP_PORT, ROUTER_PORT, PREFILL_PORT, KV_BOOTSTRAP_PORT, DECODE_PORT = 12998, 12000, 12100, 12300, 12200
 # Two SmolLM2 HiCache workers: ~3 GiB each (weights, a 16384-token pool and its host copy), and SGLang's HiCache
 # wants 1 GiB free beyond its pool at each start (pdcluster/plugins/cpu_hicache).
 NEEDED_GIB = 8

@@ -25,7 +25,7 @@ from tests.e2e_smollm2.conftest import BOOTSTRAP_PORT, healthy_workers
 from tests.e2e_smollm2.traffic import long_prompt, stream_story
 from tests.helpers import until
 
-SECOND_ROUTER_PORT = 25001
+SECOND_ROUTER_PORT = 12001
 
 
 @pytest.fixture
