@@ -17,7 +17,7 @@ APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io deboo
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
 	bench-tracing bench-tracing-instructions bench-persistence bench-kv-handoff bench-clients bench-routing \
-	bench-routing-decision bench-routing-restarts bench-store profile bench-planner clean
+	bench-routing-decision bench-routing-restarts bench-store profile bench-planner bench-flip clean
 
 setup: system-packages venv model
 
@@ -87,6 +87,12 @@ profile:
 # planner and the oracle, from the committed profile: bench/results/planner.json and .png.
 bench-planner:
 	$(PY) -m bench.planner
+
+# A live role flip's cost on SmolLM2 (~6 min, under the cluster lock): 2P+1D under light load, the second prefill
+# flipped to decode and back 3 times, nothing lost, every answer token-exact; its median flip becomes the profile's
+# flip_seconds (the planner's and the gym's): bench/results/flip.json and .png.
+bench-flip:
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.planner.flip --write-profile
 
 # The router's CPU per request with tracing off, on, and on with 1% of requests sampled, on fake workers (~5 min):
 # bench/results/tracing-cost.json and .png.

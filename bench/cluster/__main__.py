@@ -99,6 +99,8 @@ class Session:
         cores = cpu.measure_idle(self.pids, seconds)
         cores["local_yaml_shape"] = LOCAL_SHAPE
         cores["local_yaml_shape_total"] = round(sum(cores["per_tree"][n] for n in LOCAL_SHAPE), 4)
+        if "planner" in cores["per_tree"]:  # `make up PLANNER=1`
+            cores["with_planner_total"] = round(cores["local_yaml_shape_total"] + cores["per_tree"]["planner"], 4)
         self.log(f"{self.name}: idle for {seconds:.0f} s: {cores['local_yaml_shape_total']:.3f} cores "
                  f"({', '.join(f'{k} {v:.3f}' for k, v in cores['per_tree'].items())})")
         return cores
@@ -183,10 +185,11 @@ def run_main(args, load: dict, log_dir: Path, log) -> tuple[list, dict, dict]:
 
 
 def run_idle(args, log_dir: Path, log) -> dict:
-    """Only the idle CPU of the `make up` shape (1 prefill, 1 decode, sleep-on-idle on), measured for longer than a
-    full run does: the probes now come every idle_health_interval (15 s), so a window must hold several."""
+    """Only the idle CPU of the `make up` shape (1 prefill, 1 decode, sleep-on-idle on) and of its planner (`make up
+    PLANNER=1`, its own row), measured for longer than a full run does: the probes now come every
+    idle_health_interval (15 s) and the planner decides every 60 s, so a window must hold several."""
     session = Session("idle", args.bench_model, log_dir, log)
-    cluster = clusters.start_cluster(args.bench_model, 1, sleep_on_idle=True, log_dir=log_dir / "idle")
+    cluster = clusters.start_cluster(args.bench_model, 1, sleep_on_idle=True, log_dir=log_dir / "idle", planner=True)
     try:
         cluster.wait_ready()
         session.pids = cluster_pids(cluster)

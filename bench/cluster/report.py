@@ -154,7 +154,9 @@ def readme_idle(name: str = "idle.json") -> str:
     result = load(name)
     cpu = result["idle_cpu_cores"]
     rows = [[tree, f"{cores:.4f}"] for tree, cores in cpu["per_tree"].items()]
-    rows.append(["**total**", f"**{cpu['local_yaml_shape_total']:.4f}**"])
+    rows.append(["**total** (`make up`)", f"**{cpu['local_yaml_shape_total']:.4f}**"])
+    if "with_planner_total" in cpu:
+        rows.append(["**total** (`make up PLANNER=1`)", f"**{cpu['with_planner_total']:.4f}**"])
     kinds = [[kind, f"{cores:.4f}"] for kind, cores in cpu["per_thread_kind"].items()]
     return (source(result, name) + f" {cpu['seconds']:.0f} s idle\n\n" + grid(["process tree", "cores"], rows)
             + "\n\n" + grid(["process, thread kind x count", "cores"], kinds))

@@ -59,9 +59,10 @@ MODELS = {
                           # minutes; these keep each PD run over 3 minutes and the whole run ~1 h.
                           prompts=(30, 10, 16)),
 }
-# 27xxx: below the ephemeral range, away from the tests (18xxx/28xxx/31xxx), tests/chaos (38xxx), persistence (29xxx).
+# 13xxx: out of the range where SGLang picks ports at random (22000-29999) and of the ephemeral one, away from the
+# tests' (12xxx, 18xxx-21xxx, 31xxx), bench/persistence's (14xxx) and tests/chaos'.
 PORTS = {"router": 13000, "bootstrap": 13998, "prefill": 13100, "kv_bootstrap": 13300, "decode": 13200,
-         "colocated": 13500, "kv_events": 13400}
+         "colocated": 13500, "kv_events": 13400, "planner": 13900}
 
 
 def worker_config(role: str, sleep_on_idle: bool, out_dir: Path) -> str:
@@ -77,8 +78,9 @@ def worker_config(role: str, sleep_on_idle: bool, out_dir: Path) -> str:
 
 
 def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir: Path,
-                  extra_args: dict[str, list[str]] | None = None) -> LocalCluster:
-    """`extra_args`: worker options per role over the model's (e.g. bench.pd: {"prefill": ["--cluster", "cpus=0"]})."""
+                  extra_args: dict[str, list[str]] | None = None, planner: bool = False) -> LocalCluster:
+    """`extra_args`: worker options per role over the model's (e.g. bench.pd: {"prefill": ["--cluster", "cpus=0"]});
+    `planner`: with the SLO planner of `make up PLANNER=1` (configs/planner.yaml)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     extra = extra_args or {}
     spec = LocalSpec(
@@ -91,6 +93,7 @@ def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir
         decode=WorkerGroupSpec(config=worker_config("decode", sleep_on_idle, log_dir),
                                args=[*model.worker_args, *extra.get("decode", [])],
                                count=1, first_port=PORTS["decode"]),
+        planner=ComponentSpec(config="configs/planner.yaml", port=PORTS["planner"]) if planner else None,
         ready_timeout=900,
     )
     cluster = LocalCluster(spec, log_dir, report=lambda line: print(f"cluster: {line}", flush=True))
