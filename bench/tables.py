@@ -19,6 +19,7 @@ from bench.harness.paths import REPO
 from bench.kv_handoff import report as kv_handoff
 from bench.pd import report as pd
 from bench.persistence import report as persistence
+from bench.planner import flip
 from bench.router import report as router
 from bench.routing import report as routing
 from bench.store import report as store
@@ -34,7 +35,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "persistence-smollm2-sealed-8k": lambda: persistence.readme_table("persistence-smollm2-sealed-8k.json"),
     "pd": lambda: pd.readme_table("pd.json"),
     "pd-verdicts": pd.readme_verdicts,
-    "pd-fcfs": lambda: pd.readme_table("pd-fcfs.json", cells=False),
     "cluster-ratios": lambda: cluster.readme_ratios("cluster.json"),
     "idle": cluster.readme_idle,
     "decode-only": decode_only.readme_table,
@@ -47,6 +47,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "tracing-cost": lambda: sourced("tracing-cost.json", tracing_cost.table),
     "tracing-instructions": lambda: sourced("tracing-instructions.json", tracing_instructions.table),
     "store": lambda: sourced("store.json", store.table),
+    "flip": lambda: sourced("flip.json", flip.readme_line),
 }
 
 

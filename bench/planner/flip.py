@@ -27,6 +27,7 @@ import httpx
 
 from bench.harness import clusters
 from bench.harness.machine import machine
+from bench.harness.markdown import met
 from bench.harness.paths import REPO, RESULTS
 from bench.harness.plot import pyplot, save, stamp
 from pdcluster.common.capacity import Profile
@@ -110,6 +111,15 @@ def summary(flips: list[dict], answers: list[tuple], expected: dict[str, list[in
             "answers": len(answers), "lost": len(lost), "not_token_exact": len(wrong),
             "target": f"flip <= {TARGET_S} s, 0 lost, all token-exact",
             "met": max(flip_s) <= TARGET_S and not lost and not wrong}
+
+
+def readme_line(result: dict) -> str:
+    """bench/README.md's line for a run (bench/tables.py)."""
+    s = result["summary"]
+    return (f"{s['flips']} flips under load, end of drain to serving: median {s['flip_s_median']:.1f} s, max "
+            f"{s['flip_s_max']:.1f} s (drains apart: median {s['drain_s_median']:.1f} s); {s['answers']} answers, "
+            f"{s['lost']} lost, {s['not_token_exact']} not token-exact. Target (<= {TARGET_S:.0f} s, none lost, all "
+            f"exact): {met(s['met'])}.")
 
 
 def draw(result: dict, path: Path) -> None:
