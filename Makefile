@@ -17,7 +17,7 @@ APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io deboo
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
 	bench-tracing bench-tracing-instructions bench-persistence bench-kv-handoff bench-clients bench-routing \
-	bench-routing-decision bench-routing-restarts bench-store profile bench-planner bench-flip clean
+	bench-routing-decision bench-routing-restarts bench-store profile bench-planner bench-flip bench-planner-live clean
 
 setup: system-packages venv model
 
@@ -93,6 +93,11 @@ bench-planner:
 # flip_seconds (the planner's and the gym's): bench/results/flip.json and .png.
 bench-flip:
 	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.planner.flip --write-profile
+
+# The planner live (~25 min, under the cluster lock): one shifting trace through 3 SmolLM2 workers as static 2P1D,
+# static 1P2D and the planner (act) from 2P1D; SLO attainment per phase: bench/results/planner-live.json and .png.
+bench-planner-live:
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.planner.live
 
 # The router's CPU per request with tracing off, on, and on with 1% of requests sampled, on fake workers (~5 min):
 # bench/results/tracing-cost.json and .png.

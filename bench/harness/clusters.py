@@ -78,9 +78,10 @@ def worker_config(role: str, sleep_on_idle: bool, out_dir: Path) -> str:
 
 
 def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir: Path,
-                  extra_args: dict[str, list[str]] | None = None, planner: bool = False) -> LocalCluster:
+                  extra_args: dict[str, list[str]] | None = None, planner: bool | str = False,
+                  decodes: int = 1) -> LocalCluster:
     """`extra_args`: worker options per role over the model's (e.g. bench.pd: {"prefill": ["--cluster", "cpus=0"]});
-    `planner`: with the SLO planner of `make up PLANNER=1` (configs/planner.yaml)."""
+    `planner`: with the SLO planner of `make up PLANNER=1` (True: configs/planner.yaml, or that config file)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     extra = extra_args or {}
     spec = LocalSpec(
@@ -92,8 +93,9 @@ def start_cluster(model: BenchModel, prefills: int, sleep_on_idle: bool, log_dir
                                 first_kv_bootstrap_port=PORTS["kv_bootstrap"], first_kv_events_port=PORTS["kv_events"]),
         decode=WorkerGroupSpec(config=worker_config("decode", sleep_on_idle, log_dir),
                                args=[*model.worker_args, *extra.get("decode", [])],
-                               count=1, first_port=PORTS["decode"]),
-        planner=ComponentSpec(config="configs/planner.yaml", port=PORTS["planner"]) if planner else None,
+                               count=decodes, first_port=PORTS["decode"]),
+        planner=ComponentSpec(config="configs/planner.yaml" if planner is True else str(planner), port=PORTS["planner"])
+        if planner else None,
         ready_timeout=900,
     )
     cluster = LocalCluster(spec, log_dir, report=lambda line: print(f"cluster: {line}", flush=True))
