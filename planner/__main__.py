@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Iterable
@@ -17,6 +16,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from pdcluster.common.config_file import fail, load_model
 from pdcluster.common.logs import setup_logging
+from pdcluster.common.stopping import stop_requested
 
 
 class _Quiet(WSGIRequestHandler):
@@ -70,19 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("planner", config.log_level)
     planner = LivePlanner(config, profile, httpx.Client(timeout=10))
     server = serve(config.host, config.port, planner.metrics.registry)
-    stopping = False
-
-    def on_signal(_sig: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stopping = stop_requested()
     logging.getLogger("pdcluster.planner").info(
         f"planner: mode {config.mode}, one decision every {config.interval_s:.0f}s, profile {profile.model}; "
         f"reading {config.router_url} and {config.bootstrap_url}; metrics on http://{config.host}:{config.port}")
     try:
-        planner.run(lambda: stopping)
+        planner.run(stopping)
     finally:
         server.shutdown()
         planner.client.close()

@@ -100,8 +100,8 @@ class StoreConfig(BaseModel):
 
 
 class PriorityClass(BaseModel):
-    """A priority class of admission (router/pd/gate.py): its bound on a new request's predicted prefill wait, and
-    the router's queue for the requests over it (FIFO; after queue_wait seconds, or with the queue full: a 429)."""
+    """A priority class of admission (router/admission/gate.py): its bound on a new request's predicted prefill wait,
+    and the router's queue for the requests over it (FIFO; after queue_wait seconds, or with the queue full: a 429)."""
 
     model_config = ConfigDict(extra="forbid")
     # Served first among the classes with requests queued (higher first).
@@ -112,7 +112,7 @@ class PriorityClass(BaseModel):
 
 
 class AdmissionConfig(BaseModel):
-    """Admission by predicted wait (router/pd/gate.py, router/pd/queue_wait.py)."""
+    """Admission by predicted wait (router/admission/gate.py, router/admission/queue_wait.py)."""
 
     model_config = ConfigDict(extra="forbid")
     # Off unless asked for: a cluster pushed past the bound on purpose (a profile run) would get 429s.
@@ -141,8 +141,8 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 class TenantConfig(BaseModel):
-    """A tenant (router/pd/tenants.py): its API keys as sha256 hex digests (never the keys), its priority class, its
-    share of the router's queue within the class, and its quotas (None: no limit)."""
+    """A tenant (router/admission/tenants.py): its API keys as sha256 hex digests (never the keys), its priority class,
+    its share of the router's queue within the class, and its quotas (None: no limit)."""
 
     model_config = ConfigDict(extra="forbid")
     key_sha256: list[Sha256] = Field(min_length=1)

@@ -33,7 +33,7 @@ LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 MISS_BUCKETS = (-4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096)
 
 
-# The tenant of the request being served (router/pd/tenants.py), for the per-tenant metrics; None: no tenants.
+# The tenant of the request being served (router/admission/tenants.py), for the per-tenant metrics; None: no tenants.
 CURRENT_TENANT: ContextVar[str | None] = ContextVar("tenant", default=None)
 
 _GAUGES: list[tuple[str, str, Literal["livesum", "livemin", "livemax"]]] = [  # name, help, how processes combine
@@ -129,7 +129,7 @@ class RouterMetrics:
             self.registry.register(_PoolCollector(pool))
 
     def _admission_metrics(self, r: CollectorRegistry) -> None:
-        """Admission by predicted wait (router/pd/gate.py)."""
+        """Admission by predicted wait (router/admission/gate.py)."""
         self.refusals = _Labelled(Counter(
             "pdcluster_router_admission_refusals", "Requests refused with a 429 before any worker saw them, by class "
             "and reason (predicted_wait: over the bound, no queue; queue_full; queue_timeout)", ["class", "reason"],
@@ -141,7 +141,7 @@ class RouterMetrics:
             "arrival (the least of the usable prefills')", buckets=LATENCY_BUCKETS, registry=r)
 
     def _tenant_metrics(self, r: CollectorRegistry) -> None:
-        """Per tenant (router/pd/tenants.py), when the router has tenants."""
+        """Per tenant (router/admission/tenants.py), when the router has tenants."""
         self.tenant_requests = _Labelled(Counter("pdcluster_router_tenant_requests", "Requests answered, by tenant "
                                                  "and HTTP status", ["tenant", "status"], registry=r))
         self.tenant_tokens = _Labelled(Counter("pdcluster_router_tenant_prompt_tokens", "Prompt tokens admitted (the "

@@ -17,6 +17,9 @@ from typing import Any
 import orjson
 
 from pdcluster.common.http import ApiError, Incoming, check_bearer, parse_json_object
+from router.admission.gate import Gate, Refused
+from router.admission.queue_wait import WaitModel
+from router.admission.tenants import Tenancy, Tenant, priority_for
 from router.checks.checked import Checked
 from router.checks.validation import check_chat, check_completion, check_generate
 from router.config import RouterConfig
@@ -27,12 +30,9 @@ from router.openai.responses_render import CHAT_ROUTE
 from router.pd.attempt import Attempt, Dispatcher
 from router.pd.failures import HalfFailed
 from router.pd.fan_out_options import FanOutOptions
-from router.pd.gate import Gate, Refused
 from router.pd.kv_fit import count_prompt, refuse_empty_texts
 from router.pd.pairing import Pairing, PromptTooLong, check_for_pair, pair_limits
-from router.pd.queue_wait import WaitModel
 from router.pd.request import PdRequest, new_rid
-from router.pd.tenants import Tenancy, Tenant, priority_for
 from router.tracing import spans
 from router.transport.edge import Answer, EdgeRequest, Route, StreamAnswer, error_answer
 
@@ -58,7 +58,7 @@ class PdService:
         self.config, self.pairing, self.metrics, self.api_key = config, pairing, metrics, api_key
         self.tracing = spans.from_config(config, metrics.spans_dropped.inc)  # None when off: no span is made
         self.responses = ResponsesApi()  # POST /v1/responses, as a chat request; its store is opened at start-up
-        # admission by predicted prefill wait (router/pd/gate.py)
+        # admission by predicted prefill wait (router/admission/gate.py)
         self.gate = Gate(config.admission, pairing.pool, metrics, WaitModel.from_config(config.admission))
         self.tenancy = Tenancy(config, metrics)  # `tenancy.tenant_of(request)`: who a request is for
 
@@ -70,7 +70,7 @@ class PdService:
 
     def owner_of(self, http: Incoming) -> str:
         """The caller let in (401 otherwise), and who owns what it stores and reads (stored responses and
-        conversations): its tenant, else its key's digest (router/pd/tenants.py)."""
+        conversations): its tenant, else its key's digest (router/admission/tenants.py)."""
         tenant = self.authenticate(http)
         return tenant.name if tenant is not None else self.tenancy.tenant_of(http)
 
@@ -86,7 +86,7 @@ class PdService:
         started = time.monotonic()
         traced = self.tracing.start(http.headers, route) if self.tracing is not None else None
         request_id = http.headers.get("x-request-id")
-        CURRENT_TENANT.set(None)  # set once its key is read (router/pd/tenants.py), for its metrics
+        CURRENT_TENANT.set(None)  # set once its key is read (router/admission/tenants.py), for its metrics
         try:
             request_id = client_request_id(request_id) if request_id is not None else new_rid()
             async with asyncio.timeout(self.config.total_timeout):

@@ -83,7 +83,7 @@ class WorkerCapabilities(_Strict):
     # --enable-deterministic-inference: only then does SGLang sample by a request's seed.
     deterministic_inference: bool = False
     # --enable-priority-scheduling, higher values first (SGLang's default order): only then does the router send a
-    # request's `priority` (its tenant's class's, router/pd/tenants.py).
+    # request's `priority` (its tenant's class's, router/admission/tenants.py).
     priority_scheduling: bool = False
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from pdcluster.common.config_file import ConfigError, fail, load_model
+from pdcluster.common.stopping import stop_requested
 from pdcluster.local.models import model_args
 from pdcluster.local.process import Process
 from pdcluster.local.restarts import RestartPolicy
@@ -239,14 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = LocalCluster(spec, Path(spec.log_dir).resolve())
     except ConfigError as exc:  # a component's config file, read for its port
         fail("pdcluster.local", str(exc))
-    stopping = False
-
-    def on_signal(_sig: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stopping = stop_requested()
     print(f"starting bootstrap, {spec.prefill.count} prefill, {spec.decode.count} decode, the router"
           f"{' and the planner' if spec.planner else ''} "
           f"(logs in {cluster.log_dir}) ...", flush=True)
@@ -262,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     # A component that exits on its own is restarted with backoff (pdcluster/local/restarts.py), each time with a line
     # on stderr; the rest of the cluster goes on serving meanwhile.
     cluster.supervise()
-    while not stopping:
+    while not stopping():
         time.sleep(0.5)
     print("stopping ...", flush=True)
     cluster.stop()

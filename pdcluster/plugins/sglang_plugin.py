@@ -2,8 +2,9 @@
 cpu_idle_yield, cpu_seeded_sampling, cpu_transfer_race): each package's __init__ declares a `CpuPlugin` (its name, its
 variable, what SGLang uses instead on CUDA) and exposes its `register`, the `sglang.srt.plugins` entry point; what it
 adapts is in its internals.py. Shared here: when a plugin is on, how it recognises the SGLang code it adapts
-(fingerprints), and how it refuses to start. SGLang's load_plugins() calls each register() in the launcher and in every
-scheduler/detokenizer process; a plugin acts only when its variable is 1 and torch sees no CUDA device."""
+(fingerprints), how it wraps a function once in a process (`wrap_once`), and how it refuses to start. SGLang's
+load_plugins() calls each register() in the launcher and in every scheduler/detokenizer process; a plugin acts only when
+its variable is 1 and torch sees no CUDA device."""
 
 from __future__ import annotations
 
@@ -95,3 +96,20 @@ def import_module(name: str, fail: Callable[[str], NoReturn]) -> ModuleType:
         return importlib.import_module(name)
     except ImportError as exc:
         fail(f"module {name} does not import ({exc})")
+
+
+def wrap_once(owner: Any, name: str, expected: str, wrap: Callable[[Any], Any], fail: Callable[[str], NoReturn],
+              where: str) -> list[str]:
+    """Replaces SGLang's `owner.name` (a class's method, a module's function; `where` names it) by `wrap(it)`, once in
+    a process: SGLang loads plugins again in each child it forks, and finds it wrapped (`pdcluster_wrapped`, which the
+    wrapper sets to what it wraps). `fail` if it is missing or its fingerprint is not `expected`. What it patched, as
+    an `apply()` returns it."""
+    current = getattr(owner, name, None)
+    if current is None:
+        fail(f"{where} is missing")
+    if getattr(current, "pdcluster_wrapped", None) is not None:
+        return []
+    if fingerprint(current) != expected:
+        fail(f"{where} has changed (fingerprint {fingerprint(current)})")
+    setattr(owner, name, wrap(current))
+    return [where]

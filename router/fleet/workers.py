@@ -115,7 +115,8 @@ class Worker:
     # Of those, the ones it will compute, not hold (what cache_aware predicted): the queue a new request waits behind.
     pending_work_tokens: int = 0
     # A prefill's measured rate: prompt tokens computed per second (an EWMA over its answered prefill halves), the
-    # answers measured, and when the last one ended (router/pd/queue_wait.py). A restarted worker is measured anew.
+    # answers measured, and when the last one ended (router/admission/queue_wait.py). A restarted worker is measured
+    # anew.
     prefill_rate: float = 0.0
     prefill_rate_samples: int = 0
     prefill_busy_until: float = 0.0

@@ -34,9 +34,9 @@ from router.fleet.workers import Worker
 from router.metrics import RouterMetrics
 from router.openai.openai_answer import dumps, merged_answer, merged_event, merged_usage
 from router.pd.fan_out_options import FanOutOptions
-from router.pd.logprobs import sse_events
 from router.pd.request import PdRequest, new_rid
 from router.transport.edge import Answer, StreamAnswer, error_answer
+from router.transport.upstream_response import sse_events
 
 log = logging.getLogger("pdcluster.router")
 

@@ -13,7 +13,7 @@ import json  # as SGLang wrote the answer: logprobs may be -Infinity, which json
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from router.pd.logprobs import sse_events
+from router.transport.upstream_response import sse_events
 
 # --- the answer ------------------------------------------------------------------------------------------------------
 

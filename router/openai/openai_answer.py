@@ -19,6 +19,7 @@ from router.fleet.workers import Worker
 from router.openai import legacy_functions
 from router.pd import logprobs
 from router.transport.edge import Answer, StreamAnswer
+from router.transport.upstream_response import sse_events
 
 # The `system_fingerprint` of the answer to a request with a seed: the seed makes the same tokens under any load (both
 # workers run SGLang's deterministic inference), or at best effort: the same tokens on an idle cluster, where
@@ -96,7 +97,7 @@ def _usage_event(event: bytes) -> bytes:
 async def _stream_fingerprint(chunks: AsyncGenerator[bytes, None], fingerprint: str) -> AsyncGenerator[bytes, None]:
     """A stream with `fingerprint` in each event of the answer (an error event left as it is)."""
     field = b'data: {"system_fingerprint":' + json.dumps(fingerprint).encode() + b","
-    events = logprobs.sse_events(chunks)
+    events = sse_events(chunks)
     try:
         async for event in events:
             if event.startswith(b"data: {") and not event.startswith(b'data: {"error"'):

@@ -13,7 +13,7 @@ from typing import Any
 
 from pdcluster.common.http import ApiError
 from router.openai import responses_render as render
-from router.pd.logprobs import sse_events
+from router.transport.upstream_response import sse_events
 
 # Called with the finished Response object before response.completed is sent (the store's write).
 Finished = Callable[[dict[str, Any]], Awaitable[None]]

@@ -32,6 +32,7 @@ from router.pd.request import PdRequest
 from router.routing.policy import Choice
 from router.transport.edge import Answer, StreamAnswer
 from router.transport.upstream import UpstreamClient, UpstreamResponse
+from router.transport.upstream_response import sse_events
 
 log = logging.getLogger("pdcluster.router")
 
@@ -162,7 +163,7 @@ class Attempt:
         first_at, events, last = 0.0, 0, b""
         chunks, asked, echoed = response.iter_chunks(), request.checked.prompt_logprobs, None
         try:
-            async for chunk in chunks if not request.merge_logprobs else logprobs.sse_events(chunks):
+            async for chunk in chunks if not request.merge_logprobs else sse_events(chunks):
                 if not first_at:
                     first_at = time.monotonic()
                     if self.first_token_timer is not None:

@@ -6,10 +6,12 @@ which SGLang leaves at -1 (below)."""
 from __future__ import annotations
 
 import json  # to read answers: logprobs may be NaN or -Infinity, which json accepts and orjson not
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
+
+from router.transport.upstream_response import sse_events
 
 INPUT_FIELDS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
 
@@ -59,18 +61,6 @@ def merge_first_event(event: bytes, prefill: Any) -> bytes:
     except json.JSONDecodeError:
         return event
     return head + b"data: " + json.dumps(merge(data, prefill)).encode() + b"\n\n"
-
-
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    """Whole SSE events out of a stream's chunks (needed only when the first event must be rewritten)."""
-    buffer = b""
-    async for chunk in chunks:
-        buffer += chunk
-        while b"\n\n" in buffer:
-            event, buffer = buffer.split(b"\n\n", 1)
-            yield event + b"\n\n"
-    if buffer:
-        yield buffer
 
 
 # --- /v1/completions: where each token starts in the text ----------------------------------------------------------

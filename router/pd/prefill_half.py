@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+from router.admission.queue_wait import record_prefill
 from router.pd import failures
 from router.pd.failures import TRANSPORT_ERRORS, HalfFailed
 from router.pd.fan_out_options import FanOutOptions
-from router.pd.queue_wait import record_prefill
 from router.pd.request import PdRequest
 from router.routing.policy import Choice
 from router.transport.upstream import UpstreamClient, UpstreamResponse
@@ -73,7 +73,7 @@ class PrefillHalf:
         self.unbook()
         if future.cancelled():
             return
-        if (error := future.exception()) is None:  # answered: the prefill's rate, measured (router/pd/queue_wait.py)
+        if (error := future.exception()) is None:  # answered: the prefill's rate, measured (admission/queue_wait.py)
             record_prefill(self.worker, self.work, self.sent_at, time.monotonic())
         elif isinstance(error, HalfFailed):
             self.failure = error

@@ -1,10 +1,11 @@
 """What the data plane's HTTP client (router/transport/upstream.py) hands back: a response whose body is read whole or
-as it arrives, and the errors an exchange ends with. It imports nothing of the router's: the connection that feeds a
-response is known here only by what the response asks of it (`Feed`)."""
+as it arrives (and cut into whole SSE events: `sse_events`), and the errors an exchange ends with. It imports nothing of
+the router's: the connection that feeds a response is known here only by what the response asks of it (`Feed`)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 
 PAUSE_ABOVE = 1 << 20  # bytes buffered for a consumer iterating behind the worker before its connection pauses
@@ -147,3 +148,16 @@ class UpstreamResponse:
         """Give the connection back if the body is complete; otherwise drop it (the only way to cancel a request)."""
         if not self.done:
             self.interrupt(ConnectionDropped("the response was closed before its end"))
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
+    """Whole SSE events out of a stream's chunks, for a reader that rewrites events (the merged logprobs, the OpenAI
+    surface's answers): a chunk may end inside an event."""
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            yield event + b"\n\n"
+    if buffer:
+        yield buffer

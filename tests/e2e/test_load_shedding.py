@@ -1,13 +1,13 @@
 """Load shedding on the shared cluster, each through a router of its own (the shared one stays as it is).
 
-Admission by predicted wait (router/pd/gate.py): a router with admission on, over prefill-0 and decode-0, each through
-a proxy (tests/e2e/fault_proxy.py) that counts the requests reaching the worker and can hold the prefill's (a prefill
-slow to start: its prompt stays booked on the router's queue for it). A request whose predicted wait is over the bound
-gets a 429 with Retry-After at once, read by the openai client, and no worker sees it.
+Admission by predicted wait (router/admission/gate.py): a router with admission on, over prefill-0 and decode-0, each
+through a proxy (tests/e2e/fault_proxy.py) that counts the requests reaching the worker and can hold the prefill's (a
+prefill slow to start: its prompt stays booked on the router's queue for it). A request whose predicted wait is over
+the bound gets a 429 with Retry-After at once, read by the openai client, and no worker sees it.
 
-Tenants (router/pd/tenants.py): a router with two tenants over a prefill and a decode of their own that run SGLang's
-priority scheduling; one tenant over its quota is refused while the other is served, at its class's priority, which
-both workers' own metrics count."""
+Tenants (router/admission/tenants.py): a router with two tenants over a prefill and a decode of their own that run
+SGLang's priority scheduling; one tenant over its quota is refused while the other is served, at its class's priority,
+which both workers' own metrics count."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Admission by predicted wait (router/pd/queue_wait.py, router/pd/gate.py): the wait predicted from a prefill's
-booked tokens and its rate (profile, then measured), the router's queue (FIFO per class, by priority, bounded in length
-and time), the 429's Retry-After, and a router that refuses before any worker sees the request."""
+"""Admission by predicted wait (router/admission/queue_wait.py, router/admission/gate.py): the wait predicted from a
+prefill's booked tokens and its rate (profile, then measured), the router's queue (FIFO per class, by priority, bounded
+in length and time), the 429's Retry-After, and a router that refuses before any worker sees the request."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from pydantic import ValidationError
 
 from pdcluster.common.capacity import DecodePoint, PrefillPoint, Profile
 from pdcluster.common.protocol import ModelIdentity, Role
+from router.admission.gate import Gate, Refused
+from router.admission.queue_wait import MEASURED_AFTER, WaitModel, record_prefill
 from router.app import create_app
 from router.config import AdmissionConfig, PriorityClass, RouterConfig
 from router.fleet.workers import Worker, WorkerPool
 from router.metrics import RouterMetrics
-from router.pd.gate import Gate, Refused
-from router.pd.queue_wait import MEASURED_AFTER, WaitModel, record_prefill
 from tests.fakes import Behaviour, FakeWorker, ServerThread
 
 

@@ -13,12 +13,12 @@ import httpx
 import openai
 import pytest
 
+from router.admission.tenants import Tenancy
 from router.app import create_app
 from router.config import RouterConfig, StoreConfig
 from router.fleet.workers import WorkerPool
 from router.metrics import RouterMetrics
 from router.openai import responses_render as render
-from router.pd.tenants import Tenancy
 from tests.fakes import Behaviour, FakeWorker, ServerThread
 
 PATH = "/v1/responses"

@@ -1,6 +1,6 @@
-"""Tenants (router/pd/tenants.py, router/pd/fair_queue.py): keys by their sha256 only, never logged; quotas refused
-with 429 + Retry-After while other tenants are served; the weighted fair queue; `tenant_of`; SGLang's priority only
-where both workers schedule by it; the per-tenant metrics."""
+"""Tenants (router/admission/tenants.py, router/admission/fair_queue.py): keys by their sha256 only, never logged;
+quotas refused with 429 + Retry-After while other tenants are served; the weighted fair queue; `tenant_of`; SGLang's
+priority only where both workers schedule by it; the per-tenant metrics."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import pytest
 from pydantic import ValidationError
 
 from pdcluster.common.protocol import Role, WorkerCapabilities
+from router.admission.fair_queue import FairQueue
+from router.admission.tenants import CURRENT_PRIORITY, Tenancy, priority_for
 from router.app import create_app
 from router.config import AdmissionConfig, PriorityClass, RouterConfig
 from router.fleet.workers import Worker, WorkerPool
 from router.metrics import RouterMetrics
-from router.pd.fair_queue import FairQueue
-from router.pd.tenants import CURRENT_PRIORITY, Tenancy, priority_for
 from tests.fakes import FakeWorker, ServerThread
 from tests.unit.test_admission_wait import gate_on, prefill
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from pdcluster.plugins.cpu_fork import PLUGIN
-from pdcluster.plugins.sglang_plugin import fingerprint, import_module
+from pdcluster.plugins.sglang_plugin import import_module, wrap_once
 
 MODULE, FUNCTION = "sglang.srt.entrypoints.engine", "_set_envs_and_config"
 # sha256 of ast.dump of the function without its docstring, as SGLang 0.5.23 ships it.
@@ -35,13 +35,4 @@ def forking(set_envs_and_config: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def apply() -> list[str]:
-    module = import_module(MODULE, _fail)
-    current = getattr(module, FUNCTION, None)
-    if current is None:
-        _fail(f"{MODULE}.{FUNCTION} is missing")
-    if hasattr(current, "pdcluster_wrapped"):  # the launcher's load, then a child's: once per process is enough
-        return []
-    if fingerprint(current) != FINGERPRINT:
-        _fail(f"{MODULE}.{FUNCTION} has changed (fingerprint {fingerprint(current)})")
-    setattr(module, FUNCTION, forking(current))
-    return [f"{MODULE}.{FUNCTION}"]
+    return wrap_once(import_module(MODULE, _fail), FUNCTION, FINGERPRINT, forking, _fail, f"{MODULE}.{FUNCTION}")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from pdcluster.plugins.cpu_transfer_race import PLUGIN
-from pdcluster.plugins.sglang_plugin import fingerprint, import_module, sglang_version
+from pdcluster.plugins.sglang_plugin import import_module, sglang_version, wrap_once
 
 MODULE, CLASS, METHOD = "sglang.srt.disaggregation.mooncake.conn", "MooncakeKVManager", "transfer_worker"
 # sha256 of ast.dump of the method without its docstring, as SGLang 0.5.23 ships it.
@@ -55,12 +55,4 @@ def surviving(loop: Callable[..., Any]) -> Callable[..., Any]:
 
 def apply() -> list[str]:
     cls = getattr(import_module(MODULE, _fail), CLASS, None)
-    current = getattr(cls, METHOD, None)
-    if current is None:
-        _fail(f"{MODULE}.{CLASS}.{METHOD} is missing")
-    if getattr(current, "pdcluster_wrapped", None) is not None:
-        return []  # SGLang loads plugins again in each child it forks
-    if fingerprint(current) != FINGERPRINT:
-        _fail(f"{CLASS}.{METHOD} has changed (fingerprint {fingerprint(current)})")
-    setattr(cls, METHOD, surviving(current))
-    return [f"{MODULE}.{CLASS}.{METHOD}"]
+    return wrap_once(cls, METHOD, FINGERPRINT, surviving, _fail, f"{MODULE}.{CLASS}.{METHOD}")

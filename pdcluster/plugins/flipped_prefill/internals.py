@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
-from pdcluster.plugins.sglang_plugin import fingerprint, import_module, sglang_version
+from pdcluster.plugins.sglang_plugin import import_module, sglang_version, wrap_once
 
 MODULE, CLASS, METHOD = "sglang.srt.disaggregation.common.conn", "CommonKVReceiver", "_setup_bootstrap_infos"
 # sha256 of ast.dump of the method without its docstring, as SGLang 0.5.23 ships it.
@@ -84,13 +84,9 @@ def revalidating(setup: Callable[..., Any]) -> Callable[..., Any]:
 
 def apply() -> list[str]:
     cls = getattr(import_module(MODULE, _fail), CLASS, None)
-    current = getattr(cls, METHOD, None)
-    if current is None or not callable(getattr(cls, "_get_bootstrap_info_from_server", None)):
-        _fail(f"{MODULE}.{CLASS}.{METHOD} or _get_bootstrap_info_from_server is missing")
-    if getattr(current, "pdcluster_wrapped", None) is not None:
-        return []  # SGLang loads plugins again in each child it forks
-    if fingerprint(current) != FINGERPRINT:
-        _fail(f"{CLASS}.{METHOD} has changed (fingerprint {fingerprint(current)})")
-    setattr(cls, METHOD, revalidating(current))
-    logger.info("pdcluster flipped_prefill active: patched %s.%s.%s", MODULE, CLASS, METHOD)
-    return [f"{MODULE}.{CLASS}.{METHOD}"]
+    if not callable(getattr(cls, "_get_bootstrap_info_from_server", None)):  # what the wrapper asks the prefill with
+        _fail(f"{MODULE}.{CLASS}._get_bootstrap_info_from_server is missing")
+    patched = wrap_once(cls, METHOD, FINGERPRINT, revalidating, _fail, f"{MODULE}.{CLASS}.{METHOD}")
+    if patched:
+        logger.info("pdcluster flipped_prefill active: patched %s", patched[0])
+    return patched

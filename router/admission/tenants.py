@@ -3,10 +3,10 @@
 Each key names a tenant (router/config.py's TenantConfig, and `tenants_file`, a YAML mapping of more: a Kubernetes
 Secret mounted as a file). Keys are kept as their sha256 hex digests only: a request's bearer is hashed and compared
 with every digest in constant time (hmac.compare_digest), and neither the key nor its digest is ever logged. A tenant
-has a priority class (router/pd/gate.py queues by it; it becomes SGLang's `priority` on both halves where both workers
-run priority scheduling: `priority_for`) and quotas: requests per second and prompt tokens per minute (token buckets:
-a burst of one second's requests, of one minute's tokens), and concurrent requests. A request over a quota gets a 429
-with Retry-After at once; the other tenants are not slowed.
+has a priority class (router/admission/gate.py queues by it; it becomes SGLang's `priority` on both halves where both
+workers run priority scheduling: `priority_for`) and quotas: requests per second and prompt tokens per minute (token
+buckets: a burst of one second's requests, of one minute's tokens), and concurrent requests. A request over a quota
+gets a 429 with Retry-After at once; the other tenants are not slowed.
 
 With no tenants: the single-tenant case, as before (the shared `api_key`, if any; router/service.py checks it), with
 no quotas, in the default class. `tenant_of` names the owner of a request either way (the Responses API's store keys
@@ -29,10 +29,10 @@ import yaml
 from pydantic import TypeAdapter
 
 from pdcluster.common.http import ApiError, Incoming
+from router.admission.gate import DEFAULT_CLASS, Refused
 from router.config import RouterConfig, TenantConfig, check_tenants
 from router.fleet.workers import Worker
 from router.metrics import CURRENT_TENANT, RouterMetrics
-from router.pd.gate import DEFAULT_CLASS, Refused
 from router.store import tenant_of as key_owner
 
 # The tenant a request was admitted as: its class's priority, for its attempts (`priority_for`).

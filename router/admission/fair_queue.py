@@ -1,4 +1,4 @@
-"""A priority class's queue in the router (router/pd/gate.py): weighted fair across tenants, FIFO within each.
+"""A priority class's queue in the router (router/admission/gate.py): weighted fair across tenants, FIFO within each.
 
 Weighted fair queueing by virtual time: a request's finish tag is its start (the later of the queue's virtual time and
 its tenant's previous finish tag) plus its prompt tokens over its tenant's weight; the lowest finish tag leaves first,

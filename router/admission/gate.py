@@ -1,6 +1,7 @@
 """Admission by predicted wait: a request goes to a pair only if the prefill wait predicted for it (the least of the
-usable prefills', router/pd/queue_wait.py) is within its priority class's bound (router/config.py's PriorityClass);
-else it waits in the router's queue, or gets a 429 with Retry-After, before any worker holds anything for it.
+usable prefills', router/admission/queue_wait.py) is within its priority class's bound (router/config.py's
+PriorityClass); else it waits in the router's queue, or gets a 429 with Retry-After, before any worker holds anything
+for it.
 
 Why: SGLang's decode pre-allocates a request's KV and waits for it at most SGLANG_DISAGGREGATION_WAITING_TIMEOUT
 (60 s in the shipped configs); a request sent to a prefill whose queue is longer than that holds decode memory for
@@ -8,11 +9,11 @@ nothing and fails late. Every class's bound is at most half of that timeout (Adm
 request's decode waits for its KV no longer than its prefill's queue explains, with room to spare.
 
 The queue: one per class, served by priority (higher first), weighted fair across tenants within a class and FIFO
-within a tenant (router/pd/fair_queue.py); a new request never overtakes one queued in a class at least as high. Its
-head leaves when the predicted wait is within its class's bound (checked every TICK); after `queue_wait` seconds, or
-when the class's queue is full, the request gets a 429. An admitted request's prompt is reserved (counted on every
-prefill's queue) until its prefill half books it (`dispatched`), so that one burst
-is not admitted whole on a wait measured before any of it was booked.
+within a tenant (router/admission/fair_queue.py); a new request never overtakes one queued in a class at least as
+high. Its head leaves when the predicted wait is within its class's bound (checked every TICK); after `queue_wait`
+seconds, or when the class's queue is full, the request gets a 429. An admitted request's prompt is reserved (counted
+on every prefill's queue) until its prefill half books it (`dispatched`), so that one burst is not admitted whole on a
+wait measured before any of it was booked.
 
 Retry-After (whole seconds, at least 1): the time for the prefills to drain the wait over the bound and the tokens
 queued ahead in the router, at the sum of the usable prefills' rates.
@@ -29,11 +30,11 @@ from dataclasses import dataclass, field
 
 from pdcluster.common.http import ApiError
 from pdcluster.common.protocol import Role
+from router.admission.fair_queue import FairQueue
+from router.admission.queue_wait import WaitModel
 from router.config import AdmissionConfig
 from router.fleet.workers import Worker, WorkerPool
 from router.metrics import CURRENT_TENANT, RouterMetrics
-from router.pd.fair_queue import FairQueue
-from router.pd.queue_wait import WaitModel
 
 TICK = 0.05  # seconds between the queue's checks of the predicted wait
 DEFAULT_CLASS = "default"
@@ -97,7 +98,7 @@ class Gate:
     @contextlib.asynccontextmanager
     async def admitted(self, klass: str, tokens: int, tenant: str = "", weight: float = 1.0) -> AsyncIterator[None]:
         """Within it the request is admitted (it may have waited in the queue); Refused (a 429) if it is not.
-        `tenant`, `weight`: its tenant's share of its class's queue (router/pd/tenants.py)."""
+        `tenant`, `weight`: its tenant's share of its class's queue (router/admission/tenants.py)."""
         if not self.config.enabled:
             yield
             return
