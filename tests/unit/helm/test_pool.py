@@ -136,6 +136,8 @@ def test_an_hpa_scales_the_pool_on_the_external_pool_metric(rendered):
 
 @pytest.mark.parametrize(("values", "complaint"), [
     ({"workers": {"pool": {"config": {"cluster": {"kv_store": "kv-cache"}}}}}, "cannot have a kv_store"),
+    ({"workers": {"pool": {"config": {"cluster": {"role_switch": False}}}}}, "need the role switch"),
+    ({"workers": {"pool": {"config": {"enable-pd-role-switch": False}}}}, "need the role switch"),
     ({"workers": {"pool": {"config": {"disaggregation-transfer-backend": "fake"}}}}, "Mooncake transfer backend"),
     ({"rdma": {"enabled": True, "hostNetwork": True, "resources": {"rdma/hca": 1}}}, "rdma.hostNetwork"),
     ({"prefill": {"config": {"enable-pd-role-switch": True}}}, "pool's fixed ones"),
