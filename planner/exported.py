@@ -22,7 +22,10 @@ class PlannerMetrics:
         self.needed = Gauge("pdcluster_planner_needed_workers", "Workers per role the predicted load needs at the "
                             "SLOs, at least 1 (what a per-role autoscaler scales to)", ["role"], registry=r)
         self.pool = Gauge("pdcluster_planner_desired_pool_size", "Workers the predicted load needs, both roles "
-                          "together (what a role-flexible pool's autoscaler scales to)", registry=r)
+                          "together", registry=r)
+        self.pool_workers = Gauge("pdcluster_planner_desired_pool_workers", "Switch-enabled workers the predicted "
+                                  "load needs beyond the serving ones that cannot flip (what a role-flexible pool's "
+                                  "autoscaler scales its Deployment to)", registry=r)
         self.predicted = Gauge("pdcluster_planner_predicted", "The next interval's predicted load: requests_per_s, "
                                "prompt_tokens and answer_tokens (means per request)", ["quantity"], registry=r)
         self.attainment = Gauge("pdcluster_planner_attainment", "The last interval's share of judged requests "
@@ -44,8 +47,9 @@ class PlannerMetrics:
         for verdict in ("hold", "change"):
             self.decisions.labels(verdict)
 
-    def export(self, decision: Decision, observed: Split, needed: Split, reason: str) -> None:
-        """One decision's numbers (`needed`: sizing.pool_size's); `reason` the decision's, with what act did."""
+    def export(self, decision: Decision, observed: Split, needed: Split, fixed: Split, reason: str) -> None:
+        """One decision's numbers (`needed`: sizing.pool_size's; `fixed`: the serving workers that cannot flip, per
+        role); `reason` the decision's, with what act did."""
         for role, desired, have, need, correction in (
                 ("prefill", decision.desired.prefill, observed.prefill, needed.prefill, decision.corrections[0]),
                 ("decode", decision.desired.decode, observed.decode, needed.decode, decision.corrections[1])):
@@ -54,6 +58,8 @@ class PlannerMetrics:
             self.needed.labels(role).set(need)
             self.correction.labels(role).set(correction)
         self.pool.set(needed.workers)
+        # Per role: fixed prefills beyond the prefill need do not stand in for missing decodes.
+        self.pool_workers.set(max(0, needed.prefill - fixed.prefill) + max(0, needed.decode - fixed.decode))
         load = decision.predicted
         for quantity, value in (("requests_per_s", load.requests_per_s), ("prompt_tokens", load.prompt_tokens),
                                 ("answer_tokens", load.answer_tokens)):

@@ -25,6 +25,7 @@ class Row:
     role: str  # the registration's
     url: str
     serving: bool  # healthy, compatible and not taken out by an operator
+    switch_enabled: bool  # started with SGLang's role switch (the bootstrap service refuses to flip any other)
     switch: RoleSwitch | None = None
 
     @property
@@ -42,7 +43,8 @@ def read_rows(client: httpx.Client, bootstrap_url: str) -> list[Row]:
     response.raise_for_status()
     listing, _ = from_newer(WorkerListing, response.json())
     return [Row(worker_id=w.registration.worker_id, role=w.registration.role.value, url=w.registration.base_url,
-                serving=w.healthy and not w.draining and not w.incompatible, switch=w.switch)
+                serving=w.healthy and not w.draining and not w.incompatible,
+                switch_enabled=w.registration.switch_enabled, switch=w.switch)
             for w in listing.workers]
 
 
@@ -50,6 +52,13 @@ def observed_split(rows: list[Row]) -> Split:
     """Workers per role: serving ones by their role, switching ones by the role they are headed to."""
     counted = [r.headed for r in rows if r.serving or r.switching]
     return Split(prefill=counted.count("prefill"), decode=counted.count("decode"))
+
+
+def fixed_split(rows: list[Row]) -> Split:
+    """The serving workers that cannot flip, per role (a role-flexible pool's fixed ones: the chart's
+    workers.pool.minPerRole): a pool autoscaler adds switch-enabled workers only beyond them."""
+    fixed = [r.role for r in rows if r.serving and not r.switch_enabled]
+    return Split(prefill=fixed.count("prefill"), decode=fixed.count("decode"))
 
 
 def loss_cost(row: Row, scrape: Scrape) -> tuple[float, float, float]:
@@ -60,8 +69,9 @@ def loss_cost(row: Row, scrape: Scrape) -> tuple[float, float, float]:
 
 
 def cheapest(rows: list[Row], role: str, scrape: Scrape) -> Row | None:
-    """The serving worker of `role` whose flip costs least (ties: the first id, so that a decision repeats)."""
-    candidates = [r for r in rows if r.role == role and r.serving and not r.switching]
+    """The serving, switch-enabled worker of `role` whose flip costs least (ties: the first id, so that a decision
+    repeats); one started without the switch would only be refused."""
+    candidates = [r for r in rows if r.role == role and r.serving and not r.switching and r.switch_enabled]
     return min(candidates, key=lambda r: (loss_cost(r, scrape), r.worker_id), default=None)
 
 

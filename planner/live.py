@@ -22,7 +22,7 @@ import httpx
 from pdcluster.common.capacity import Profile
 from planner.config import PlannerConfig
 from planner.exported import PlannerMetrics
-from planner.fleet import Row, cheapest, observed_split, read_rows, request_switch
+from planner.fleet import Row, cheapest, fixed_split, observed_split, read_rows, request_switch
 from planner.scrape import Scrape, Windower, merged, parse
 from planner.sizing import Decision, Observation, PlannerState, decide, pool_size
 
@@ -98,7 +98,8 @@ class LivePlanner:
             reason += "; act: " + self._act(decision, rows, merged(scrapes.values()), now)
         elif decision.changes:
             reason += "; recommend: no flip asked for"
-        self.metrics.export(decision, current, pool_size(self.config, self.profile, decision), reason)
+        self.metrics.export(decision, current, pool_size(self.config, self.profile, decision), fixed_split(rows),
+                            reason)
         log.info(decision.log_line(reason))
         return decision
 

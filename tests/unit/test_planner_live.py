@@ -45,8 +45,9 @@ def url(worker_id: str) -> str:
 class FakeCluster:
     """The router's /metrics (a real RouterMetrics) and the bootstrap service's listing and switch route."""
 
-    def __init__(self, roles: dict[str, str], answer: int = 202, error_code: str = ""):
+    def __init__(self, roles: dict[str, str], answer: int = 202, error_code: str = "", fixed: tuple[str, ...] = ()):
         self.pool = WorkerPool()
+        self.fixed = fixed  # workers registered without SGLang's role switch
         self.metrics = RouterMetrics(self.pool)
         self.roles = dict(roles)
         self.switches: dict[str, dict] = {}
@@ -68,7 +69,8 @@ class FakeCluster:
     def listing(self) -> dict:
         rows = []
         for worker_id, role in self.roles.items():
-            registration = {"worker_id": worker_id, "role": role, "url": url(worker_id), "identity": IDENTITY}
+            registration = {"worker_id": worker_id, "role": role, "url": url(worker_id), "identity": IDENTITY,
+                            "switch_enabled": worker_id not in self.fixed}
             if role == "prefill":
                 registration |= {"kv_bootstrap_host": "10.0.0.1", "kv_bootstrap_port": 8999}
             row = {"registration": registration, "healthy": True, "registered_at": 0.0, "last_heartbeat": 0.0}
@@ -151,6 +153,7 @@ def test_recommend_exports_and_logs_the_decision_and_flips_nothing(caplog):
     assert sample(live, "pdcluster_planner_needed_workers", role="prefill") == 7
     assert sample(live, "pdcluster_planner_needed_workers", role="decode") == 1
     assert sample(live, "pdcluster_planner_desired_pool_size") == 8
+    assert sample(live, "pdcluster_planner_desired_pool_workers") == 8  # no fixed worker: the pool is all of it
     assert sample(live, "pdcluster_planner_predicted", quantity="requests_per_s") == pytest.approx(1.0)
     assert sample(live, "pdcluster_planner_decisions_total", verdict="change") == 1
     info = sample(live, "pdcluster_planner_decision_info", verdict="change", desired="3P1D",
@@ -189,6 +192,35 @@ def test_a_prefill_to_flip_is_the_one_with_least_cached_prefix_when_in_flight_ti
     decision = interval(live, clock, cluster, requests=60, prompt=50, answer=200)  # answer-heavy: decodes wanted
     assert decision is not None and decision.desired.decode > 1
     assert cluster.asked == [("p2", {"to": "decode"}, "Bearer secret")]
+
+
+def test_a_pools_fixed_workers_are_never_flipped_and_its_autoscaler_adds_only_what_they_lack():
+    """The chart's role-flexible pool: one prefill and one decode started without the role switch (they keep a worker
+    of each role whatever Kubernetes removes), the rest switch-enabled. The load needs 7P1D."""
+    roles = {"p-fixed": "prefill", "d-fixed": "decode", "d-pool1": "decode", "d-pool2": "decode"}
+    cluster = FakeCluster(roles, fixed=("p-fixed", "d-fixed"))
+    cluster.pool.workers["d-fixed"].in_flight = 0
+    cluster.pool.workers["d-pool1"].in_flight, cluster.pool.workers["d-pool2"].in_flight = 2, 1
+    live, clock = planner(cluster, mode="act")
+    live.step()
+    decision = interval(live, clock, cluster)
+    assert decision is not None and decision.desired.prefill > decision.current.prefill
+    # d-fixed has the fewest requests in flight, but a flip of it would only be refused: the cheapest pool decode.
+    assert cluster.asked == [("d-pool2", {"to": "prefill"}, "Bearer secret")]
+    assert sample(live, "pdcluster_planner_desired_pool_size") == 8
+    # 7 prefills less the fixed one, 1 decode less the fixed one: 6 switch-enabled workers.
+    assert sample(live, "pdcluster_planner_desired_pool_workers") == 6
+
+
+def test_fixed_workers_beyond_a_roles_need_do_not_stand_in_for_the_other_role():
+    roles = {"p1": "prefill", "p2": "prefill", "p3": "prefill", "d1": "decode", "d2": "decode"}
+    cluster = FakeCluster(roles, fixed=("p1", "p2", "p3", "d1", "d2"))
+    live, clock = planner(cluster, mode="recommend")
+    live.step()
+    interval(live, clock, cluster)
+    assert sample(live, "pdcluster_planner_needed_workers", role="decode") == 1
+    # 7 prefills needed, 3 fixed; the decode's need is covered by its fixed two (one spare, not counted as a prefill).
+    assert sample(live, "pdcluster_planner_desired_pool_workers") == 4
 
 
 def test_a_refused_flip_is_counted_logged_and_not_retried_within_the_dwell(caplog):

@@ -68,6 +68,11 @@ VARIANTS: dict[str, dict] = {
     "planner-keda": {"planner": {"enabled": True, "autoscaling": {"enabled": True, "maxReplicas": 6}}},
     "planner-hpa": {"planner": {"enabled": True, "autoscaling": {"enabled": True, "kind": "hpa"}},
                     "persistence": {"enabled": True, "mode": "perPod"}},
+    "pool": {"workers": {"pool": {"enabled": True}}, "metrics": {"serviceMonitor": {"enabled": True}}},
+    "pool-keda": {"workers": {"pool": {"enabled": True, "minPerRole": 2}},
+                  "planner": {"enabled": True, "config": {"mode": "act"}, "autoscaling": {"enabled": True}}},
+    "cpu-pool-hpa": deep_merge(CPU, {"workers": {"pool": {"enabled": True, "startAs": "decode"}},
+                                     "planner": {"enabled": True, "autoscaling": {"enabled": True, "kind": "hpa"}}}),
     "cpu-everything": deep_merge(CPU, API_KEY, {
         "secrets": {"existingSecret": "pdcluster-managed"},
         "persistence": {"enabled": True, "existingClaim": "shared-kv"},

@@ -73,13 +73,14 @@ def expand(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), text)
 
 
-def launch_plan(docs: list[dict], role: str, app_dir: Path):
+def launch_plan(docs: list[dict], role: str, app_dir: Path, component: str | None = None):
     """What the pod's command would start: its ConfigMap written where the pod mounts it (under app_dir), its command
-    run through the launcher's own parsing and validation (build_plan, as `--dry-run` does), from the WORKDIR."""
+    run through the launcher's own parsing and validation (build_plan, as `--dry-run` does), from the WORKDIR.
+    `component`: the workload, when not the role's own (workers.pool's pods start as a role)."""
     from pdcluster.worker.cli import _key_values
     from pdcluster.worker.plan import build_plan
 
-    workload = workloads(docs)[role]
+    workload = workloads(docs)[component or role]
     ctr, spec = container(workload), pod_spec(workload)
     pod_name = f"{workload['metadata']['name']}-7d9f8c6b5-x2x4q"
     env = {name: item["value"] for name, item in env_of(ctr).items() if "value" in item}

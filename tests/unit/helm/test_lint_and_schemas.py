@@ -63,6 +63,11 @@ def test_every_manifest_validates_against_kubernetes_schemas_strictly(rendered, 
     ({"planner": {"config": {"mode": "flip"}}}, "/planner/config/mode"),
     ({"planner": {"config": {"token": "t"}}}, "'token' not allowed"),
     ({"planner": {"autoscaling": {"kind": "vpa"}}}, "/planner/autoscaling/kind"),
+    ({"workers": {"pool": {"startAs": "both"}}}, "/workers/pool/startAs"),
+    ({"workers": {"pool": {"minPerRole": 0}}}, "/workers/pool/minPerRole"),  # the router needs one of each role
+    ({"workers": {"pool": {"enable": True}}}, "'enable' not allowed"),
+    ({"workers": {"pool": {"livenessProbe": {"periodSecond": 60}}}}, "'periodSecond' not allowed"),
+    ({"workers": {"pool": {"config": {"cluster": {"token": "t"}}}}}, "'token' not allowed"),
 ])
 def test_values_schema_rejects_typos_and_bad_types(chart, values, complaint):
     with pytest.raises(helm.HelmValuesError) as caught:

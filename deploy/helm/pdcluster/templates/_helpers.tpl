@@ -82,7 +82,10 @@ own requests) and the registry through the bootstrap Service. */}}
 {{- if and .Values.planner.enabled .Values.planner.autoscaling.enabled -}}true{{- end -}}
 {{- end -}}
 
-{{/* (dict "root" $ "role" "prefill") -> the worker's config file. rdma.enabled selects Mooncake's RDMA transport. */}}
+{{/* (dict "root" $ "role" "prefill") -> the worker's config file. rdma.enabled selects Mooncake's RDMA transport.
+With workers.pool on, the prefill and decode workers are the pool's fixed ones: started without the role switch, so
+that none is ever flipped (unless "flexible": the pool's own config, pdcluster.poolConfig, starts from this), and
+without a kv_store like the pool's (it sets a page size of its own, and workers of two page sizes do not pair). */}}
 {{- define "pdcluster.workerConfig" -}}
 {{- $root := .root -}}
 {{- $defaults := dict "host" "0.0.0.0" "port" (ternary 30100 30200 (eq .role "prefill")) "cluster" (dict "bootstrap_url" (include "pdcluster.bootstrapURL" $root)) -}}
@@ -90,11 +93,38 @@ own requests) and the registry through the bootstrap Service. */}}
 {{- $_ := set $defaults "disaggregation-bootstrap-port" 8999 -}}
 {{- end -}}
 {{- $config := merge (deepCopy ((index $root.Values .role).config | default dict)) $defaults -}}
+{{- if and $root.Values.workers.pool.enabled (not .flexible) -}}
+{{- if index $config "enable-pd-role-switch" -}}
+{{- fail (printf "%s.config.enable-pd-role-switch: with workers.pool on, the %s workers are the pool's fixed ones and must not flip" .role .role) -}}
+{{- end -}}
+{{- $_ := set $config.cluster "role_switch" false -}}
+{{- $_ := unset $config.cluster "kv_store" -}}
+{{- end -}}
 {{- if $root.Values.rdma.enabled -}}
 {{- $_ := set $config "disaggregation-transfer-backend" "mooncake" -}}
 {{- if $root.Values.rdma.device -}}
 {{- $_ := set $config "disaggregation-ib-device" $root.Values.rdma.device -}}
 {{- end -}}
+{{- end -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/* workers.pool's config file, one for either role: the startAs role's config made switch-enabled (the role switch
+on; no kv_store: a flip clears SGLang's HiCache storage; no fixed KV bootstrap port: a switch-enabled worker runs its
+KV bootstrap server in either role, on the first free port from cluster.kv_bootstrap_port_base, and its KV-events
+publisher likewise), then workers.pool.config over it. */}}
+{{- define "pdcluster.poolConfig" -}}
+{{- $pool := .Values.workers.pool -}}
+{{- $config := include "pdcluster.workerConfig" (dict "root" . "role" $pool.startAs "flexible" true) | fromYaml -}}
+{{- $_ := unset $config "disaggregation-bootstrap-port" -}}
+{{- $_ := unset $config.cluster "kv_store" -}}
+{{- $_ := set $config.cluster "role_switch" true -}}
+{{- $config = mergeOverwrite $config (deepCopy ($pool.config | default dict)) -}}
+{{- if or $config.cluster.kv_store (eq (toString $config.cluster.role_switch) "false") (eq (toString (index $config "enable-pd-role-switch")) "false") -}}
+{{- fail "workers.pool.config: the pool's workers flip roles, so they need the role switch and cannot have a kv_store (a flip clears SGLang's HiCache storage)" -}}
+{{- end -}}
+{{- if not (has (index $config "disaggregation-transfer-backend" | default "mooncake") (list "mooncake" "mooncake_tcp")) -}}
+{{- fail "workers.pool: role switching needs a Mooncake transfer backend (mooncake or mooncake_tcp)" -}}
 {{- end -}}
 {{- toYaml $config -}}
 {{- end -}}
