@@ -51,8 +51,10 @@ class FlipFailed(Exception):
 
 
 class RoleFlip:
-    def __init__(self, registrar: Registrar, order: RoleSwitch, restart: Callable[[], None]):
+    def __init__(self, registrar: Registrar, order: RoleSwitch, restart: Callable[[], None],
+                 mid_flip: threading.Event | None = None):
         self.registrar, self.order, self.restart = registrar, order, restart
+        self.mid_flip = mid_flip or threading.Event()  # the supervisor's: SGLang may be half-switched
         self.idle_timeout, self.routers_follow = IDLE_TIMEOUT, ROUTERS_FOLLOW
         self.sglang = registrar.registration.base_url
         self.was: Role = registrar.registration.role
@@ -72,6 +74,7 @@ class RoleFlip:
                 self._until_idle(client)
                 self._report(SwitchProgress(state="switching"))
                 started = time.monotonic()
+                self.mid_flip.set()
                 self._switch(client)
                 self._until_healthy(client)
             self._register_as(to)
@@ -82,6 +85,8 @@ class RoleFlip:
                 reason = self._restore(reason)
             log.error("role flip to %s failed: %s", to.value, reason)
             self._report(SwitchProgress(state="failed", reason=reason[:2000]))
+        finally:
+            self.mid_flip.clear()
 
     def _ask(self, client: httpx.Client, prepare_only: bool) -> dict:
         body = {"new_role": self.order.to.value, "prepare_only": prepare_only, "decode_cuda_graph_memory_gb": 0}

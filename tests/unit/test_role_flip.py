@@ -234,3 +234,24 @@ def test_the_supervisor_restarts_sglang_with_the_same_command_and_still_stops_cl
         assert until(lambda: not psutil.pid_exists(second) or psutil.Process(second).status() == "zombie", timeout=10)
     finally:
         launcher.kill()
+
+
+MID_FLIP = textwrap.dedent("""
+    import sys, threading
+    from pdcluster.worker.supervisor import Supervisor
+    s = Supervisor([sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))", "1"], env=None,
+                   on_restart=lambda proc: print("restarted", flush=True))
+    s.mid_flip.set()  # a flip has SGLang mid-switch: it exits after 1 s; the flip asks for the restart only at 3 s
+    threading.Timer(3.0, lambda: (s.restart(), s.mid_flip.clear())).start()
+    sys.exit(s.run())
+""")
+
+
+def test_sglang_exiting_mid_flip_waits_for_the_flips_restart_instead_of_ending_the_worker():
+    launcher = subprocess.Popen([sys.executable, "-c", MID_FLIP], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert launcher.stdout.readline().strip() == "restarted"  # type: ignore[union-attr]
+        assert launcher.wait(timeout=30) == 0  # the restarted one ran its second and exited, the flip over: the end
+    finally:
+        launcher.kill()
