@@ -45,8 +45,11 @@ def check_switch(worker_id: str, to: Role, workers: dict[str, WorkerStatus], swi
         raise SwitchRefused("switch_running", f"a flip is running already (worker {flipping[0]}): one at a time, "
                                               f"so that each sees the pools the last one left")
     if not reg.switch_enabled:
+        # A KV store is the usual cause (pdcluster/worker/switching.py): name it, the operator's next question.
+        why = (": it keeps a kv_store, whose pages SGLang would delete at a flip" if reg.kv_store is not None else
+               " (cluster.role_switch false, or a backend that cannot)")
         raise SwitchRefused("not_switch_enabled", f"worker {worker_id} was not started switch-enabled (its SGLang "
-                                                  f"runs without --enable-pd-role-switch)")
+                                                  f"runs without --enable-pd-role-switch){why}")
     backend = reg.identity.transfer_backend
     if backend not in SWITCHABLE_BACKENDS:
         raise SwitchRefused("backend_cannot", f"transfer backend {backend} cannot switch roles (only Mooncake's can)")

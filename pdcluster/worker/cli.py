@@ -73,7 +73,7 @@ def run_plan(plan: LaunchPlan) -> int:
 
     def flip(order: RoleSwitch) -> None:  # a role flip in a thread of its own; a failed one restarts SGLang
         if registrar is not None and supervisor is not None:
-            RoleFlip(registrar, order, supervisor.restart).start()
+            RoleFlip(registrar, order, supervisor.restart, supervisor.mid_flip).start()
 
     registrar = Registrar(plan, on_flip=flip) if plan.cluster.bootstrap_url else None
     env = {**plan.env, **registrar.child_env()} if registrar else plan.env

@@ -11,8 +11,9 @@ known from the switch's answer, never from there.
 
 What can go wrong: SGLang stays busy past IDLE_TIMEOUT, or refuses for another reason before changing anything: the
 flip fails with SGLang's reason and the worker serves on in its old role. A switch that fails half-way
-(`safe_to_restore` false, no answer, or no /health after it): SGLang is restarted, in its old role since the launch
-command is unchanged, registered as a new instance, and the failure says so.
+(`safe_to_restore` false, no answer, or no /health after it): SGLang is restarted with its launch command, so in its
+old role unless an earlier flip changed it, registered as a new instance, and the failure says so. Meanwhile the
+supervisor holds (`mid_flip`): SGLang exiting then is this flip's to restore, not the worker's end.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ class FlipFailed(Exception):
 
 
 class RoleFlip:
-    def __init__(self, registrar: Registrar, order: RoleSwitch, restart: Callable[[], None]):
+    def __init__(self, registrar: Registrar, order: RoleSwitch, restart: Callable[[], None],
+                 mid_flip: threading.Event | None = None):
         self.registrar, self.order, self.restart = registrar, order, restart
+        self.mid_flip = mid_flip or threading.Event()  # the supervisor's: SGLang may be half-switched
         self.idle_timeout, self.routers_follow = IDLE_TIMEOUT, ROUTERS_FOLLOW
         self.sglang = registrar.registration.base_url
         self.was: Role = registrar.registration.role
@@ -72,6 +75,7 @@ class RoleFlip:
                 self._until_idle(client)
                 self._report(SwitchProgress(state="switching"))
                 started = time.monotonic()
+                self.mid_flip.set()
                 self._switch(client)
                 self._until_healthy(client)
             self._register_as(to)
@@ -82,6 +86,8 @@ class RoleFlip:
                 reason = self._restore(reason)
             log.error("role flip to %s failed: %s", to.value, reason)
             self._report(SwitchProgress(state="failed", reason=reason[:2000]))
+        finally:
+            self.mid_flip.clear()
 
     def _ask(self, client: httpx.Client, prepare_only: bool) -> dict:
         body = {"new_role": self.order.to.value, "prepare_only": prepare_only, "decode_cuda_graph_memory_gb": 0}
@@ -138,20 +144,27 @@ class RoleFlip:
                 registrar._register()
 
     def _restore(self, reason: str) -> str:
-        """SGLang restarted in its old role and registered again once it serves; the reason, saying so."""
-        log.error("role flip failed half-way (%s): restarting SGLang in its old role", reason)
+        """SGLang restarted with its launch command, so in the role it was started in (its old role unless an
+        earlier flip changed it), and registered so once it serves; the reason, saying so."""
+        started_as = self.registrar.plan.role
+        role = (f"its old role ({self.was.value})" if started_as is self.was else
+                f"the role it was started in ({started_as.value}), not its old one ({self.was.value})")
+        log.error("role flip failed half-way (%s): restarting SGLang in %s", reason, role)
         self.restart()
         deadline = time.monotonic() + self.registrar.plan.cluster.ready_timeout
         with httpx.Client(timeout=30.0) as client:
             while time.monotonic() < deadline:
                 try:
                     if client.get(f"{self.sglang}/health").status_code == 200:
-                        self._register_as(self.was)
-                        return f"{reason}; the launcher restarted SGLang in its old role ({self.was.value})"
+                        reason = f"{reason}; the launcher restarted SGLang in {role}"
+                        if started_as is self.order.to:  # its registration would end the flip as done: failed first
+                            self._report(SwitchProgress(state="failed", reason=reason[:2000]))
+                        self._register_as(started_as)
+                        return reason
                 except httpx.HTTPError:
                     pass
                 time.sleep(1.0)
-        return f"{reason}; the launcher restarted SGLang in its old role, which did not serve again"
+        return f"{reason}; the launcher restarted SGLang in {role}, which did not serve again"
 
     def _report(self, progress: SwitchProgress) -> None:
         worker_id = self.registrar.registration.worker_id

@@ -56,6 +56,9 @@ class Supervisor:
         self.proc: subprocess.Popen[bytes] | None = None
         self._stop_requested_at: float | None = None
         self._restart = threading.Event()
+        # Set by a role flip while SGLang may be half-switched (pdcluster/worker/role_flip.py): SGLang exiting then
+        # is the flip's to restore, not the worker's end.
+        self.mid_flip = threading.Event()
 
     def restart(self) -> None:
         """Kill SGLang's whole group and start it again with the same command (a role flip that failed half-way: back
@@ -87,6 +90,10 @@ class Supervisor:
         try:
             while True:
                 returncode = self._wait(proc)
+                # SGLang 0.5.23's scheduler crashes right after answering a switch that failed half-way, often before
+                # the flip has asked for the restart: wait for the flip's word (a restart, or the flip over).
+                while self.mid_flip.is_set() and not self._restart.is_set() and self._stop_requested_at is None:
+                    self._restart.wait(0.1)
                 if not self._restart.is_set() or self._stop_requested_at is not None:
                     break
                 self._restart.clear()

@@ -9,10 +9,11 @@ import re
 import threading
 
 import httpx
+import psutil
 
 from tests.e2e.reference import assert_matches
 from tests.e2e_flip.conftest import roles
-from tests.helpers import CLUSTER_POLL, until
+from tests.helpers import CLUSTER_POLL, serving, until
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away,", "1, 2, 3, 4, 5,"]
 MAX_NEW = 24
@@ -122,3 +123,41 @@ def test_each_refusal_answers_409_with_its_code_and_changes_nothing(router, regi
 
     assert until(ended, 180, CLUSTER_POLL) and row["switch"]["state"] == "done", row
     flipped(switch(ids["prefill-1"], "prefill"), ids["prefill-1"], "decode", "prefill")
+
+
+
+def scheduler_of(cluster, name: str) -> psutil.Process:
+    """SGLang's scheduler process of worker `name` (it titles itself sglang::scheduler)."""
+    launcher = psutil.Process(cluster.processes[name].popen.pid)
+    return next(p for p in launcher.children(recursive=True) if "sglang::scheduler" in " ".join(p.cmdline()))
+
+
+def test_a_flip_that_fails_half_way_restarts_the_worker_in_its_old_role_and_says_so(
+        flip_cluster, router, registry, reference, ids, switch):
+    """A decode flipping to prefill tears its KV transfer down before it builds the prefill's, whose ZMQ context
+    needs new file descriptors: a scheduler allowed none (its open-files limit lowered under those it holds, which
+    stay open) fails that flip half-way, whenever it comes, and nothing earlier (a flip to decode would be refused
+    before: SGLang's check of its memory reads /proc). The launcher restarts SGLang in its old role."""
+    wid, helper, refs = ids["decode-0"], ids["prefill-1"], {text: reference.greedy(text, MAX_NEW) for text in PROMPTS}
+    flipped(switch(helper, "decode"), helper, "prefill", "decode")  # decode-0 is not the last decode now
+    before = next(w for w in registry.get("/v1/workers").json()["workers"] if w["registration"]["worker_id"] == wid)
+    scheduler = scheduler_of(flip_cluster, "decode-0")
+    scheduler.rlimit(psutil.RLIMIT_NOFILE, (3, scheduler.rlimit(psutil.RLIMIT_NOFILE)[1]))
+    result = switch(wid, "prefill", wait=240)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    row = next(w for w in registry.get("/v1/workers").json()["workers"] if w["registration"]["worker_id"] == wid)
+    reason = row["switch"]["reason"]
+    assert row["switch"]["state"] == "failed" and reason in result.stderr, (row, result.stderr)
+    assert "failed half-way" in reason and "Too many open files" in reason, reason
+    assert reason.endswith("the launcher restarted SGLang in its old role (decode)"), reason
+    # A new incarnation in its old role, on a new SGLang: the half-switched one is gone.
+    assert row["registration"]["role"] == "decode" and not row["draining"], row
+    assert row["registration"]["instance_id"] != before["registration"]["instance_id"]
+    assert not scheduler.is_running() and scheduler_of(flip_cluster, "decode-0").pid != scheduler.pid
+    # prefill-1 back to prefill: decode-0, the only decode again, serves every request, token-exact.
+    flipped(switch(helper, "prefill"), helper, "decode", "prefill")
+    assert until(lambda: serving(router, wid), 120, CLUSTER_POLL), router.get("/ready").json()
+    for text in PROMPTS:
+        answer = router.post("/generate", json=greedy(text))
+        assert answer.status_code == 200 and answer.headers["x-pdcluster-decode"] == wid, answer.text
+        assert_matches(answer.json()["output_ids"], refs[text], reference.eos)

@@ -79,8 +79,9 @@ class FakeSGLang:
         return app
 
 
-def launcher(service_url: str, sglang_url: str, restart: Callable[[], None]) -> Registrar:
-    reg = registration("p1", "prefill", switch_enabled=True, url=sglang_url, instance_id="first")
+def launcher(service_url: str, sglang_url: str, restart: Callable[[], None], role: str = "prefill") -> Registrar:
+    """Started as a prefill; registered as `role` (a decode: flipped before)."""
+    reg = registration("p1", role, switch_enabled=True, url=sglang_url, instance_id="first")
     flip = switching.FlipPlan("127.0.0.1", 8999, KVEventsEndpoint(host="127.0.0.1", port=5557, replay_port=5558))
     plan = LaunchPlan(Role.PREFILL, ["sglang"], {}, {}, ClusterSettings(bootstrap_url=service_url,
                       heartbeat_interval=0.1, health_interval=0.2, ready_timeout=20),
@@ -97,8 +98,8 @@ def row_of(url: str, worker_id: str) -> dict:
     return row | {"switch": row.get("switch") or {}}
 
 
-def flip(fake: FakeSGLang, on_restart=None) -> tuple[dict, list[int], float]:
-    """Flip p1 (a prefill beside another prefill and a decode) to decode; its row once the flip ended."""
+def flip(fake: FakeSGLang, on_restart=None, role: str = "prefill") -> tuple[dict, list[int], float]:
+    """Flip p1 (a `role` beside another prefill and a decode) to the other role; its row once the flip ended."""
     restarts: list[int] = []
     with ServerThread(create_bootstrap(BootstrapConfig(ttl_seconds=600))) as service, \
             ServerThread(fake.app()) as sglang:
@@ -109,12 +110,13 @@ def flip(fake: FakeSGLang, on_restart=None) -> tuple[dict, list[int], float]:
             if on_restart is not None:
                 on_restart()
 
-        worker = launcher(service.url, sglang.url, restart)
+        worker = launcher(service.url, sglang.url, restart, role)
         worker.start()
         try:
             assert until(lambda: row_of(service.url, "p1")["registration"].get("instance_id") == "first")
             asked = time.monotonic()
-            assert httpx.post(f"{service.url}/v1/workers/p1/switch", json={"to": "decode"}).status_code == 202
+            to = "decode" if role == "prefill" else "prefill"
+            assert httpx.post(f"{service.url}/v1/workers/p1/switch", json={"to": to}).status_code == 202
             assert until(lambda: row_of(service.url, "p1")["switch"].get("state") in ("done", "failed"),
                          timeout=30)
             took = time.monotonic() - asked
@@ -171,6 +173,15 @@ def test_a_switch_that_fails_half_way_restarts_sglang_in_its_old_role_and_says_s
         row["switch"]["reason"]
     assert row["registration"]["role"] == "prefill" and row["registration"]["kv_bootstrap_port"] == 8999
     assert row["draining"] is False
+
+
+def test_a_half_way_failure_after_an_earlier_flip_restarts_it_in_the_role_it_was_started_in_and_says_so():
+    fake = FakeSGLang(outcome="half")
+    fake.role = "decode"  # started as a prefill, flipped to decode before; now flipping back fails half-way
+    row, restarts, _ = flip(fake, lambda: setattr(fake, "healthy", True), role="decode")
+    assert restarts == [1] and row["switch"]["state"] == "failed" and row["registration"]["role"] == "prefill"
+    assert "restarted SGLang in the role it was started in (prefill), not its old one (decode)" in \
+        row["switch"]["reason"]
 
 
 def test_workers_start_switch_enabled_with_their_own_kv_bootstrap_port_and_kv_events(tmp_path, model_dir):
@@ -232,5 +243,26 @@ def test_the_supervisor_restarts_sglang_with_the_same_command_and_still_stops_cl
         launcher.terminate()
         launcher.wait(timeout=30)
         assert until(lambda: not psutil.pid_exists(second) or psutil.Process(second).status() == "zombie", timeout=10)
+    finally:
+        launcher.kill()
+
+
+MID_FLIP = textwrap.dedent("""
+    import sys, threading
+    from pdcluster.worker.supervisor import Supervisor
+    s = Supervisor([sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))", "1"], env=None,
+                   on_restart=lambda proc: print("restarted", flush=True))
+    s.mid_flip.set()  # a flip has SGLang mid-switch: it exits after 1 s; the flip asks for the restart only at 3 s
+    threading.Timer(3.0, lambda: (s.restart(), s.mid_flip.clear())).start()
+    sys.exit(s.run())
+""")
+
+
+def test_sglang_exiting_mid_flip_waits_for_the_flips_restart_instead_of_ending_the_worker():
+    launcher = subprocess.Popen([sys.executable, "-c", MID_FLIP], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert launcher.stdout.readline().strip() == "restarted"  # type: ignore[union-attr]
+        assert launcher.wait(timeout=30) == 0  # the restarted one ran its second and exited, the flip over: the end
     finally:
         launcher.kill()
