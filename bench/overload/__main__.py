@@ -136,6 +136,11 @@ def run_phase(name: str, url: str, ours: bool, senders: list[Sender], args, seed
     return phase
 
 
+def save(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
 def phases(capacity: float) -> list[tuple[str, bool, list[Sender]]]:
     alice = [(f"ours {m:g}x", True, [Sender("alice", KEYS["alice"], m * capacity)]) for m in (0.5, 1, 2, 4)]
     return [*alice,
@@ -149,7 +154,7 @@ def phases(capacity: float) -> list[tuple[str, bool, list[Sender]]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__.split("\n\n")[0])
     parser.add_argument("--phase", type=float, default=75.0, help="seconds of arrivals per phase (default 75)")
-    parser.add_argument("--drain", type=float, default=40.0, help="seconds in-flight requests get after a phase")
+    parser.add_argument("--drain", type=float, default=30.0, help="seconds in-flight requests get after a phase")
     parser.add_argument("--probe", type=float, default=60.0, help="measured seconds of the capacity probe")
     parser.add_argument("--probe-warmup", type=float, default=30.0)
     parser.add_argument("--probe-concurrency", type=int, default=8)
@@ -167,6 +172,12 @@ def main(argv: list[str] | None = None) -> None:
     def log(line: str) -> None:
         print(f"bench.overload [{time.monotonic() - t_start:5.0f} s] {line}", flush=True)
 
+    result: dict = {"started_utc": began, "machine": measured_on,
+                    "settings": {"phase_s": args.phase, "drain_s": args.drain, "bound_s": BOUND, "queue": QUEUE,
+                                 "max_retries": args.max_retries, "mix": load.MIX, "openai_every": load.OPENAI_EVERY,
+                                 "router": {k: v for k, v in ROUTER.items() if k != "tenants"},
+                                 "peer_flags": None if args.no_peer else list(PEER_FLAGS), "quick": args.quick},
+                    "phases": []}
     logs = Path(tempfile.mkdtemp(prefix="bench-overload-"))
     log(f"logs in {logs}")
     model = clusters.MODELS["smollm2"]
@@ -190,24 +201,25 @@ def main(argv: list[str] | None = None) -> None:
         if capacity["requests_per_s"] <= 0:
             raise SystemExit("bench.overload: the probe completed nothing; see the logs")
         if peer:
-            procs.wait_ready(peer, lambda: procs.request(peer.port, "GET", "/health")[0] == 200, 120)
-        done = []
+            try:
+                procs.wait_ready(peer, lambda: procs.request(peer.port, "GET", "/health")[0] == 200, 120)
+            except (RuntimeError, TimeoutError) as exc:  # ours is still measured; the results say why not the peer
+                result["peer_failed"] = str(exc)
+                peer.stop()
+                peer = None
+        result["capacity"] = capacity
         for seed, (name, is_ours, senders) in enumerate(phases(capacity["requests_per_s"])):
             if not is_ours and peer is None:
                 continue
-            done.append(run_phase(name, ours.url if is_ours else peer.url, is_ours, senders, args, seed, log))
+            result["phases"].append(run_phase(name, ours.url if is_ours else peer.url, is_ours, senders, args, seed,
+                                              log))
+            save(result, out)  # a run that stops later keeps what it measured (report.py derives it again)
     finally:
         for thing in reversed(stop):
             thing.stop()
-    result = {"started_utc": began, "wall_seconds": round(time.monotonic() - t_start), "machine": measured_on,
-              "settings": {"phase_s": args.phase, "drain_s": args.drain, "bound_s": BOUND, "queue": QUEUE,
-                           "max_retries": args.max_retries, "mix": load.MIX, "openai_every": load.OPENAI_EVERY,
-                           "router": {k: v for k, v in ROUTER.items() if k != "tenants"},
-                           "peer_flags": None if args.no_peer else list(PEER_FLAGS), "quick": args.quick},
-              "capacity": capacity, "phases": done}
+    result["wall_seconds"] = round(time.monotonic() - t_start)
     result["derived"] = report.derive(result)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
+    save(result, out)
     report.draw(result, Path(f"{out}.png"))
     print(report.table(result) + "\n\n" + report.readme_verdicts(result))
     log(f"wrote {out}.json and .png")
