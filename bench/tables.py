@@ -17,6 +17,7 @@ from bench.cluster import report as cluster
 from bench.harness.markdown import sourced
 from bench.harness.paths import REPO
 from bench.kv_handoff import report as kv_handoff
+from bench.overload import report as overload
 from bench.pd import report as pd
 from bench.persistence import report as persistence
 from bench.router import report as router
@@ -47,6 +48,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "tracing-cost": lambda: sourced("tracing-cost.json", tracing_cost.table),
     "tracing-instructions": lambda: sourced("tracing-instructions.json", tracing_instructions.table),
     "store": lambda: sourced("store.json", store.table),
+    "overload": overload.readme_table,
 }
 
 

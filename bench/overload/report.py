@@ -68,7 +68,7 @@ def summarize(records: list[dict], window: float, bound: float) -> dict:
         "retry_after_s": {"p50": _pct(retry_after, 50), "max": max(retry_after, default=None),
                           "missing": sum(1 for r in refused if not r["retry_after"])},
         "status_5xx": sum(1 for r in records if (r["status"] or 0) >= 500),
-        "failed_after_admission": sum(1 for r in admitted if r["error"]),
+        "failed_after_admission": sum(1 for r in admitted if r["error"] and not r["error"].startswith("cancelled")),
         "other_failures": sum(1 for r in plain if r["status"] not in (200, 429) and (r["status"] or 0) < 500),
         "unanswered_at_drain_end": sum(1 for r in records if (r["error"] or "").startswith("cancelled")),
         "error_samples": sorted({r["error"] for r in records if r["error"] and r["status"] != 429})[:3],
@@ -139,7 +139,8 @@ def verdicts(phases: dict, result: dict) -> dict:
 
 
 HEADER = ["phase", "offered/s", "admitted/s", "goodput/s (thirds)", "TTFT p50/p99 s", "refusal p50/p99 ms",
-          "Retry-After p50 s", "5xx", "failed after admission", "breaker openings", "openai client: served, attempts"]
+          "Retry-After p50 s", "5xx", "failed after admission (+unanswered)",
+          "breaker openings", "openai client: served, attempts"]
 
 
 def _row(name: str, s: dict, router: dict) -> list[str]:
@@ -148,7 +149,8 @@ def _row(name: str, s: dict, router: dict) -> list[str]:
             f"{num(s['goodput_per_s'], 3)} ({num(min(s['goodput_slices']), 3)}-{num(max(s['goodput_slices']), 3)})",
             f"{num(s['ttft_s']['p50'])}/{num(s['ttft_s']['p99'])}",
             f"{num(s['refusal_ms']['p50'], 0)}/{num(s['refusal_ms']['p99'], 0)}", num(s["retry_after_s"]["p50"], 0),
-            str(s["status_5xx"]), str(s["failed_after_admission"]), str(router.get("breaker_openings", "-")),
+            str(s["status_5xx"]), f"{s['failed_after_admission']} (+{s['unanswered_at_drain_end']})",
+            str(router.get("breaker_openings", "-")),
             f"{oa['served']}/{oa['sent']}, {num(oa['attempts_mean'], 1)}"]
 
 

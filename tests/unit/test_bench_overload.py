@@ -36,12 +36,13 @@ def test_a_phase_tells_refusals_5xx_failures_after_admission_and_the_openai_clie
                rec(status=429, ttft=None, retry_after="4", started=8.0),
                rec(status=503, ttft=None, error="HTTP 503: busy"),
                rec(started=3.0, error="stream ended after 3 chunks without a finish_reason"),
+               rec(started=4.0, ttft=None, error="cancelled at the end of the drain"),  # unanswered, not failed
                rec(client="openai", attempts=3), rec(client="openai", status=429, ttft=None, attempts=7,
                                                       error="RateLimitError: busy")]
     s = report.summarize(records, window=9.0, bound=3.0)
-    assert (s["sent"], s["admitted"], s["refused"]) == (6, 3, 2)
+    assert (s["sent"], s["admitted"], s["refused"]) == (7, 4, 2)
     assert s["goodput_per_s"] == round(1 / 9, 4) and s["goodput_slices"] == [round(1 / 3, 4), 0.0, 0.0]
-    assert s["status_5xx"] == 1 and s["failed_after_admission"] == 1
+    assert s["status_5xx"] == 1 and s["failed_after_admission"] == 1 and s["unanswered_at_drain_end"] == 1
     assert s["refusal_ms"] == {"p50": 4.0, "p99": 4.0} and s["retry_after_s"] == {"p50": 3.0, "max": 4.0,
                                                                                     "missing": 0}
     assert s["ttft_s"]["p50"] == 0.5 and s["ttft_s"]["n"] == 3
@@ -85,7 +86,7 @@ def test_the_table_shows_each_phase_and_each_sender_of_a_shared_phase():
                                                                                      ttft=None)])])
     result["derived"] = report.derive(result)
     text = report.table(result)
-    assert "| ours 1x | 0.10 | 0.10 | 0.100 (0.000-0.300) | 0.50/0.50 | -/- | - | 0 | 0 | 0 | 0/0, - |" in text
+    assert "| ours 1x | 0.10 | 0.10 | 0.100 (0.000-0.300) | 0.50/0.50 | -/- | - | 0 | 0 (+0) | 0 | 0/0, - |" in text
     assert "| ours tenants: bob | 0.10 | 0.00 |" in text and "capacity 1.000 requests/s" in text
 
 
