@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     result["derived"] = report.derive(result)
     save(result, out)
     report.draw(result, Path(f"{out}.png"))
-    print(report.table(result) + "\n\n" + report.readme_verdicts(result))
+    print(report.table(result) + "\n\n" + report.verdict_table(result))
     log(f"wrote {out}.json and .png")
 
 

@@ -6,7 +6,7 @@ predicted wait plus its own prefill at the slowest rate the capacity profile mea
 inter-token latency is within SLO_ITL_S. Goodput and TTFT are of the plain (httpx) requests, each tried once; the
 openai client's requests (every fourth) are judged apart: served or not, after how many answers, how late.
 
-`python -m bench.overload.report [bench/results/overload.json]` derives, draws and prints the tables again.
+`python -m bench.overload.report [bench/results/overload.json]` derives again (into the file), draws and prints.
 """
 
 from __future__ import annotations
@@ -166,14 +166,40 @@ def table(result: dict) -> str:
     return head + grid(HEADER, rows)
 
 
-def readme_verdicts(result: dict) -> str:
+def verdict_table(result: dict) -> str:
     rows = [[name, str(v["value"]), v["target"], met(v["pass"])] for name, v in result["derived"]["verdicts"].items()]
     return grid(["target", "value", "wanted", ""], rows)
 
 
+def readme_verdicts(result: dict) -> str:
+    verdicts = result["derived"]["verdicts"]
+    missed = [f"{name} {v['value']} (wanted {v['target']})" for name, v in verdicts.items() if not v["pass"]]
+    return (f"Targets met: {sum(v['pass'] for v in verdicts.values())} of {len(verdicts)}. **Not met**: "
+            + ("; ".join(missed) or "none") + ".")
+
+
+README_HEADER = ["phase", "offered / admitted / goodput per s", "TTFT p50/p99 s", "refusal p50/p99 ms",
+                 "5xx / failed / unanswered / breaker openings", "openai client served (attempts)"]
+
+
+def _readme_row(name: str, s: dict, router: dict) -> list[str]:
+    oa = s["openai"]
+    return [name, f"{num(s['offered_per_s'])}/{num(s['admitted_per_s'])}/{num(s['goodput_per_s'], 3)}",
+            f"{num(s['ttft_s']['p50'], 1)}/{num(s['ttft_s']['p99'], 1)}",
+            f"{num(s['refusal_ms']['p50'], 0)}/{num(s['refusal_ms']['p99'], 0)}",
+            f"{s['status_5xx']}/{s['failed_after_admission']}/{s['unanswered_at_drain_end']}/"
+            f"{router.get('breaker_openings', '-')}", f"{oa['served']}/{oa['sent']} ({num(oa['attempts_mean'], 1)})"]
+
+
 def readme_table(name: str = "overload.json") -> str:
     result = load(name)
-    return f"{source(result, name)} {table(result)}\n\n{readme_verdicts(result)}"
+    rows = []
+    for phase, row in result["derived"]["phases"].items():
+        rows.append(_readme_row(phase, row["all"], row["router"]))
+        rows += [_readme_row(f"{phase}: {label}", s, {}) for label, s in row.items() if label not in ("all", "router")]
+    c, s = result["capacity"], result["settings"]
+    return (f"{source(result, name)} capacity {c['requests_per_s']:.2f}/s, phases of {s['phase_s']:g} s, one run\n\n"
+            f"{grid(README_HEADER, rows)}\n\n{readme_verdicts(result)}")
 
 
 def draw(result: dict, path: Path) -> None:
@@ -202,8 +228,9 @@ def main(argv: list[str]) -> None:
     path = Path(argv[0]) if argv else Path(__file__).resolve().parents[1] / "results" / "overload.json"
     result = json.loads(path.read_text())
     result["derived"] = derive(result)
+    path.write_text(json.dumps(result, indent=1) + "\n")
     draw(result, path.with_suffix(".png"))
-    print(table(result) + "\n\n" + readme_verdicts(result))
+    print(table(result) + "\n\n" + verdict_table(result))
 
 
 if __name__ == "__main__":

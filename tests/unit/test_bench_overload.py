@@ -88,6 +88,9 @@ def test_the_table_shows_each_phase_and_each_sender_of_a_shared_phase():
     text = report.table(result)
     assert "| ours 1x | 0.10 | 0.10 | 0.100 (0.000-0.300) | 0.50/0.50 | -/- | - | 0 | 0 (+0) | 0 | 0/0, - |" in text
     assert "| ours tenants: bob | 0.10 | 0.00 |" in text and "capacity 1.000 requests/s" in text
+    assert report._readme_row("ours tenants: bob", result["derived"]["phases"]["ours tenants"]["bob"], {}) == [
+        "ours tenants: bob", "0.10/0.00/0.000", "-/-", "4/4", "0/0/0/-", "0/0 (-)"]
+    assert report.readme_verdicts(result) == "Targets met: 0 of 0. **Not met**: none."
 
 
 def test_prompts_are_whole_words_of_the_vocabulary_and_a_stream_is_read_chunk_by_chunk(tmp_path):
