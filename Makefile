@@ -17,7 +17,7 @@ APT_PACKAGES := libibverbs1 libnuma1 libcurl4 wrk g++ libssl-dev docker.io deboo
 
 .PHONY: setup system-packages venv model check test quick unit e2e test-compose up bench bench-cluster bench-decode-only bench-idle bench-pd bench-n chaos \
 	bench-tracing bench-tracing-instructions bench-persistence bench-kv-handoff bench-clients bench-routing \
-	bench-routing-decision bench-routing-restarts bench-store profile bench-planner bench-flip bench-planner-live clean
+	bench-routing-decision bench-routing-restarts bench-store bench-overload profile bench-planner bench-flip bench-planner-live clean
 
 setup: system-packages venv model
 
@@ -191,3 +191,8 @@ $(CLIENTS_VENV)/.installed: bench/openai/clients-requirements.txt
 
 clean:
 	rm -rf $(VENV) $(CLIENTS_VENV) models *.egg-info
+
+# More load than the cluster can serve, on SmolLM2 1P+1D (~20 min): our admission (tenants, classes) and SGLang's
+# gateway at 0.5-4x the measured capacity: bench/results/overload.json and .png (QUICK=1: a ~6 min smoke run).
+bench-overload:
+	flock /tmp/pdcluster-cluster.lock $(PY) -m bench.overload $(if $(QUICK),--quick)

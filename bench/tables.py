@@ -17,6 +17,7 @@ from bench.cluster import report as cluster
 from bench.harness.markdown import sourced
 from bench.harness.paths import REPO
 from bench.kv_handoff import report as kv_handoff
+from bench.overload import report as overload
 from bench.pd import report as pd
 from bench.persistence import report as persistence
 from bench.planner import flip
@@ -40,14 +41,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "decode-only": decode_only.readme_table,
     "kv-handoff": kv_handoff.readme_table,
     "routing": routing.readme_table,
-    "routing-open": lambda: routing.readme_table("routing-chats4-p1500q200-t8-r0.35.json"),
     "routing-decision": routing.readme_decision,
     "routing-restarts": routing.readme_restarts,
-    "routing-restarts-shared": lambda: routing.readme_restarts("routing-restarts-shared.json"),
     "tracing-cost": lambda: sourced("tracing-cost.json", tracing_cost.table),
     "tracing-instructions": lambda: sourced("tracing-instructions.json", tracing_instructions.table),
     "store": lambda: sourced("store.json", store.table),
     "flip": lambda: sourced("flip.json", flip.readme_line),
+    "overload": overload.readme_table,
 }
 
 

@@ -157,6 +157,6 @@ def readme_idle(name: str = "idle.json") -> str:
     rows.append(["**total** (`make up`)", f"**{cpu['local_yaml_shape_total']:.4f}**"])
     if "with_planner_total" in cpu:
         rows.append(["**total** (`make up PLANNER=1`)", f"**{cpu['with_planner_total']:.4f}**"])
-    kinds = [[kind, f"{cores:.4f}"] for kind, cores in list(cpu["per_thread_kind"].items())[:4]]  # the busiest
+    kinds = [[kind, f"{cores:.4f}"] for kind, cores in list(cpu["per_thread_kind"].items())[:2]]  # the busiest
     return (source(result, name) + f" {cpu['seconds']:.0f} s idle\n\n" + grid(["process tree", "cores"], rows)
             + "\n\n" + grid(["process, thread kind x count", "cores"], kinds))

@@ -182,9 +182,9 @@ def start_ours(name: str, log_dir: Path, prefills: list[Worker], decodes: list[W
 
 
 def start_sglang(log_dir: Path, prefill: Worker | list[Worker], decode: Worker, policy: str = "round_robin",
-                 name: str = "router_sglang") -> Proc:
+                 name: str = "router_sglang", extra: tuple[str, ...] = ()) -> Proc:
     """SGLang's Rust router in PD mode over prefills (each with its KV bootstrap port) and one decode; `policy` for
-    its prefills (its decodes: round robin)."""
+    its prefills (its decodes: round robin); `extra`: more of its options (bench.overload: its rate limiter)."""
     port = free_port()
     prefills = prefill if isinstance(prefill, list) else [prefill]
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
@@ -194,7 +194,7 @@ def start_sglang(log_dir: Path, prefill: Worker | list[Worker], decode: Worker, 
             "--log-level", "warn", "--shutdown-grace-period-secs", "1",
             # A busy CPU prefill's /health waits for its scheduler (a forward pass of seconds): at its default 5 s,
             # SGLang's router took both prefills for dead under long prompts and refused requests (503s).
-            "--health-check-timeout-secs", "60"]
+            "--health-check-timeout-secs", "60", *extra]
     # HF_HUB_OFFLINE: belt and braces; it is given no model path, so it has no tokenizer to fetch anyway.
     return start(name, argv, log_dir, port, env={"HF_HUB_OFFLINE": "1", "RUST_LOG_STYLE": "never"})
 

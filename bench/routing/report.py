@@ -224,11 +224,15 @@ def readme_table(name: str = "routing.json") -> str:
 def readme_decision(name: str = "routing-decision.json") -> str:
     """bench/README.md's line on bench.routing.decision's run."""
     result = load(name)
-    cells = "; ".join(f"{d['route'].rsplit('/', 1)[-1]} {d['tokens']} tokens {d['prompt']}: {d['p50_ms']:.2f} / "
-                      f"{d['p99_ms']:.2f}" for d in result["decisions"])
+    # The worst cell per prompt length (routes and shared or novel prompts alike): the target is on the worst.
+    sizes = sorted({round(d["tokens"], -3) for d in result["decisions"]})
+    worst = {n: max((d for d in result["decisions"] if round(d["tokens"], -3) == n), key=lambda d: d["p99_ms"])
+             for n in sizes}
+    cells = ", ".join(f"{n} tokens {d['p50_ms']:.2f} / {d['p99_ms']:.2f}" for n, d in worst.items())
     events, verdict = result["events"], result["verdict"]
     credit = max(d.get("credit_p50_ms", 0) for d in result["decisions"])
-    return (source(result, name) + f" p50 / p99 ms: {cells}; then the credit: {credit:.1f} ms. Events: "
+    return (source(result, name) + f" p50 / p99 ms of the worst route and prompt: {cells}; then the credit: "
+            f"{credit:.1f} ms. Events: "
             f"{events['cpu_us_per_token']:.1f} µs of CPU a stored token, {100 * events['core_share']:.2f}% of a core "
             f"at {events['tokens_per_s']:.0f} tokens/s ({events['rate_from']}). Targets: {met(verdict['met'])}.")
 

@@ -155,8 +155,8 @@ class Gate:
         finally:
             if queue.remove(waiter):  # timed out, or the client left
                 self._queue_changed(klass)
-            elif not admitted and waiter.future.done():  # admitted just as it timed out or was cancelled
-                self._release(waiter.future.result())
+            elif not admitted and waiter.future.done() and not waiter.future.cancelled():
+                self._release(waiter.future.result())  # admitted just as it timed out or was cancelled
 
     def _refusal(self, klass: str, wait: float, reason: str) -> Refused:
         self.metrics.refusals.labels(klass, reason).inc()
@@ -189,7 +189,8 @@ class Gate:
                 if self.predicted_wait() > bound:
                     self._queue_changed(name)
                     return
-                head = queue.popleft()  # (a waiter that timed out or left removed itself)
-                head.future.set_result(self._reserve(head.tokens))
+                head = queue.popleft()  # (a waiter that timed out or left removed itself, or is about to:)
+                if not head.future.done():  # its wait ran out as its turn came; it answers 429 itself
+                    head.future.set_result(self._reserve(head.tokens))
             self._queue_changed(name)
 

@@ -8,9 +8,13 @@ until the prefill is measured; then its own: an EWMA of tokens per second over i
 MEASURED_AFTER answers the lower of the two stands (a wait predicted too long refuses a request early and it comes back
 after Retry-After; one predicted too short lets the decode wait out SGLang's KV timeout).
 
-A prefill half's sample is its work over its service time: from when it was sent, or from when the prefill's previous
-half ended if that was later (the prefill was busy before it), to its answer. A short prompt's time is mostly fixed
-costs, so its sample is low: the rate errs on the slow side.
+A prefill half's service time runs from when it was sent, or from when the prefill's previous half ended if that was
+later (the prefill was busy before it), to its answer. A sample is the work of one or more halves over their service
+times, taken once those add up to SAMPLE_SECONDS: SGLang computes several prompts in one forward pass, and their
+answers arrive milliseconds apart, so one half's work over its own few milliseconds read as tens of thousands of
+tokens a second (bench.overload found the router admitting a 190 s queue as a 2 s one); summed, the work of a batch
+counts over the time the batch took. A short prompt's time is mostly fixed costs, so its sample is low: the rate errs
+on the slow side.
 """
 
 from __future__ import annotations
@@ -20,16 +24,22 @@ from router.config import AdmissionConfig
 from router.fleet.workers import Worker
 
 EWMA_WEIGHT = 0.3  # a new sample's weight
-MEASURED_AFTER = 3  # answers measured before a prefill's own rate alone stands
+MEASURED_AFTER = 3  # samples before a prefill's own rate alone stands
+SAMPLE_SECONDS = 0.5  # service time a sample spans at least: longer than the gap between one batch's answers
 
 
 def record_prefill(worker: Worker, work_tokens: int, sent_at: float, done_at: float) -> None:
     """A prefill half that computed `work_tokens`, sent at `sent_at`, answered at `done_at` (monotonic seconds)."""
     started = max(sent_at, worker.prefill_busy_until)
     worker.prefill_busy_until = max(worker.prefill_busy_until, done_at)
-    if work_tokens <= 0 or done_at <= started:
+    if work_tokens <= 0:
         return
-    sample = work_tokens / (done_at - started)
+    worker.prefill_unsampled_tokens += work_tokens
+    worker.prefill_unsampled_seconds += max(0.0, done_at - started)
+    if worker.prefill_unsampled_seconds < SAMPLE_SECONDS:
+        return
+    sample = worker.prefill_unsampled_tokens / worker.prefill_unsampled_seconds
+    worker.prefill_unsampled_tokens, worker.prefill_unsampled_seconds = 0, 0.0
     measured = worker.prefill_rate_samples
     worker.prefill_rate = sample if not measured else EWMA_WEIGHT * sample + (1 - EWMA_WEIGHT) * worker.prefill_rate
     worker.prefill_rate_samples = measured + 1

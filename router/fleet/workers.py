@@ -115,11 +115,13 @@ class Worker:
     # Of those, the ones it will compute, not hold (what cache_aware predicted): the queue a new request waits behind.
     pending_work_tokens: int = 0
     # A prefill's measured rate: prompt tokens computed per second (an EWMA over its answered prefill halves), the
-    # answers measured, and when the last one ended (router/admission/queue_wait.py). A restarted worker is measured
-    # anew.
+    # samples taken, when the last half ended, and the tokens and busy seconds not yet in a sample
+    # (router/admission/queue_wait.py). A restarted worker is measured anew.
     prefill_rate: float = 0.0
     prefill_rate_samples: int = 0
     prefill_busy_until: float = 0.0
+    prefill_unsampled_tokens: int = 0
+    prefill_unsampled_seconds: float = 0.0
     incompatible: str = ""
     draining: bool = False  # taken out of the pool by an operator (the registry says so): finishes, takes nothing new
     instance_id: str | None = None  # its launcher's: a restarted worker is a new instance, admitted anew

@@ -57,6 +57,18 @@ def test_a_prefills_rate_is_measured_over_its_service_times():
     assert (worker.prefill_rate_samples, worker.prefill_busy_until) == (2, 3.5)
 
 
+def test_halves_of_one_forward_answering_milliseconds_apart_count_over_the_time_the_forward_took():
+    # SGLang computes three 256-token prompts sent together in one forward of 2 s; their answers arrive 5 ms apart.
+    # Alone, the second and third half read as 51,200 tokens/s, and a queue of 19,000 tokens as a wait of 0.4 s.
+    worker = prefill()
+    for done in (2.0, 2.005, 2.010):
+        record_prefill(worker, 256, sent_at=0.0, done_at=done)
+    assert (worker.prefill_rate, worker.prefill_rate_samples) == (128.0, 1)  # the first: 256 tokens in 2 s
+    record_prefill(worker, 256, sent_at=2.010, done_at=4.010)  # the next forward: the two left over count with it
+    assert worker.prefill_rate_samples == 2
+    assert worker.prefill_rate == pytest.approx(0.3 * 768 / 2.010 + 0.7 * 128.0)
+
+
 def test_before_enough_answers_the_lower_rate_stands_then_the_measured_one():
     model = WaitModel(profile("m"))
     worker = prefill(pending=1000)

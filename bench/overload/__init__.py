@@ -1,0 +1,1 @@
+"""bench.overload: more load than the cluster can serve (`make bench-overload`; __main__.py says what runs)."""
