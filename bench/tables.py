@@ -20,7 +20,7 @@ from bench.kv_handoff import report as kv_handoff
 from bench.overload import report as overload
 from bench.pd import report as pd
 from bench.persistence import report as persistence
-from bench.planner import flip
+from bench.planner import flip, live
 from bench.router import report as router
 from bench.routing import report as routing
 from bench.store import report as store
@@ -47,6 +47,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "tracing-instructions": lambda: sourced("tracing-instructions.json", tracing_instructions.table),
     "store": lambda: sourced("store.json", store.table),
     "flip": lambda: sourced("flip.json", flip.readme_line),
+    "planner-live": lambda: sourced("planner-live.json", live.readme_line),
     "overload": overload.readme_table,
 }
 

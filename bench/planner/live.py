@@ -160,9 +160,8 @@ def summary(runs: list[dict], phase_s: float, interval: float) -> dict:
 def readme_line(result: dict) -> str:
     s = result["summary"]
     scores = ", ".join(f"{k} {v:.2f}" for k, v in s["attainment"].items())
-    return (f"SLO attainment (both SLOs, all phases): {scores}; the planner followed each phase change within 2 "
-            f"intervals: {s['followed_each_change']}. Target (planner >= best static, follows each change): "
-            f"{met(s['met'])}.")
+    return (f"SLO attainment {scores}; each change followed within 2 intervals: {s['followed_each_change']}; "
+            f"target: {met(s['met'])}.")
 
 
 def draw(result: dict, path: Path) -> None:
