@@ -96,7 +96,8 @@ def test_a_response_is_the_chat_answer_and_its_usage_in_the_responses_shape():
     decode = FakeWorker(Behaviour(tokens=["Paris", "."], cached_tokens=2))
     with router(decode) as url:
         response = client(url).responses.create(model="m", input="Capital of France?", instructions="be brief",
-                                                max_output_tokens=16, temperature=0, metadata={"k": "v"}, user="u1")
+                                                max_output_tokens=16, temperature=0, metadata={"k": "v"}, user="u1",
+                                                include=[])  # asks for nothing: OpenAI's Agents SDK always sends it
     assert response.output_text == "Paris." and response.id.startswith("resp_")
     # the fake ends every text answer for its length: the response is incomplete, for max_output_tokens
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
@@ -108,7 +109,7 @@ def test_a_response_is_the_chat_answer_and_its_usage_in_the_responses_shape():
     assert sent["messages"] == [{"role": "system", "content": "be brief"},
                                 {"role": "user", "content": "Capital of France?"}]
     assert (sent["max_completion_tokens"], sent["user"]) == (16, "u1")
-    assert "input" not in sent and "metadata" not in sent
+    assert "input" not in sent and "metadata" not in sent and "include" not in sent
 
 
 def test_a_stream_is_openais_events_in_order_ending_in_the_whole_response():
