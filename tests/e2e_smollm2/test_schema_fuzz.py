@@ -44,14 +44,19 @@ FUZZ_CASES = int(os.environ.get("PDCLUSTER_FUZZ_CASES", "1000"))  # per route, P
 POSITIVE = int(os.environ.get("PDCLUSTER_FUZZ_POSITIVE", "100"))
 FUZZ_CLIENTS = 6
 SEED = int(os.environ.get("PDCLUSTER_FUZZ_SEED") or random.SystemRandom().getrandbits(32))
-ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions"]
+ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           negative_data_rejection]
 MAX_TOKENS = 4
 MAX_ITEMS = 4  # of a batch: each item is a request of its own on both workers
 WARM_UP = {"/generate": {"text": "Hello"}, "/v1/completions": {"prompt": "Hello"},
-           "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello"}]}}
-_COUNTS = {"max_new_tokens", "min_new_tokens", "max_tokens", "min_tokens", "max_completion_tokens"}
+           "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello"}]},
+           "/v1/responses": {"input": "Hello"}}
+_COUNTS = {"max_new_tokens", "min_new_tokens", "max_tokens", "min_tokens", "max_completion_tokens",
+           "max_output_tokens"}
+# Each route's own limit on the answer's tokens (a Responses request has only max_output_tokens).
+LIMITS = {"/v1/completions": ("max_tokens",), "/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
+          "/v1/responses": ("max_output_tokens",)}
 # What only the server should know: a traceback, a path of its files, an internal address (ip:port).
 LEAK = re.compile("|".join([r"Traceback \(most recent", r'File "[^"]+", line', "site-packages", re.escape(str(REPO)),
                              r"\b\d{1,3}(?:\.\d{1,3}){3}:\d+"]))
@@ -86,8 +91,8 @@ def capped(route: str, body: Any) -> Any:
         if isinstance(items, list) and len(items) > MAX_ITEMS:  # a single prompt's ids: only shorter
             body[key] = items[:MAX_ITEMS]
     if route != "/generate":
-        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-            body["max_tokens"] = MAX_TOKENS
+        if all(body.get(key) is None for key in LIMITS[route]):
+            body[LIMITS[route][0]] = MAX_TOKENS
         return body
     params = body.get("sampling_params")
     for one in params if isinstance(params, list) else [params]:
