@@ -1,5 +1,6 @@
 """The router's contract, fuzzed against real SmolLM2 workers: schemathesis reads the router's own /openapi.json and
-makes bodies that fit it (positive) and bodies that break it (negative), FUZZ_CASES per PD route.
+makes bodies that fit it (positive) and bodies that break it (negative), FUZZ_CASES per PD route (and for
+/v1/conversations, the router's store, as `make up` keeps it).
 
 Every answer must: be no 5xx; be a documented status with a documented content type; fit its response schema; be a
 4xx for a body the schema refuses; carry no traceback, path of the server's files or internal address. At the end
@@ -44,14 +45,14 @@ FUZZ_CASES = int(os.environ.get("PDCLUSTER_FUZZ_CASES", "1000"))  # per route, P
 POSITIVE = int(os.environ.get("PDCLUSTER_FUZZ_POSITIVE", "100"))
 FUZZ_CLIENTS = 6
 SEED = int(os.environ.get("PDCLUSTER_FUZZ_SEED") or random.SystemRandom().getrandbits(32))
-ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"]
+ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/conversations"]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           negative_data_rejection]
 MAX_TOKENS = 4
 MAX_ITEMS = 4  # of a batch: each item is a request of its own on both workers
 WARM_UP = {"/generate": {"text": "Hello"}, "/v1/completions": {"prompt": "Hello"},
            "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello"}]},
-           "/v1/responses": {"input": "Hello"}}
+           "/v1/responses": {"input": "Hello"}, "/v1/conversations": {"metadata": {"topic": "warm-up"}}}
 _COUNTS = {"max_new_tokens", "min_new_tokens", "max_tokens", "min_tokens", "max_completion_tokens",
            "max_output_tokens"}
 # Each route's own limit on the answer's tokens (a Responses request has only max_output_tokens).
@@ -91,8 +92,9 @@ def capped(route: str, body: Any) -> Any:
         if isinstance(items, list) and len(items) > MAX_ITEMS:  # a single prompt's ids: only shorter
             body[key] = items[:MAX_ITEMS]
     if route != "/generate":
-        if all(body.get(key) is None for key in LIMITS[route]):
-            body[LIMITS[route][0]] = MAX_TOKENS
+        limits = LIMITS.get(route, ())  # none: a route of the router's store, which no worker answers
+        if limits and all(body.get(key) is None for key in limits):
+            body[limits[0]] = MAX_TOKENS
         return body
     params = body.get("sampling_params")
     for one in params if isinstance(params, list) else [params]:
