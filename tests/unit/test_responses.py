@@ -5,6 +5,7 @@ delete, cancel, a previous_response_id chain rebuilt into the chat's messages), 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
+from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
 
 from router.app import create_app
 from router.config import RouterConfig, StoreConfig
@@ -233,3 +235,24 @@ def test_an_owner_never_reads_chains_or_deletes_another_owners_response(tmp_path
         anonymous = httpx.get(f"{url}{PATH}/{kept.id}", timeout=30)
         assert anonymous.status_code == 404 and json.loads(anonymous.text)["error"]["type"] == "not_found_error"
         assert alice.responses.retrieve(kept.id).output_text == "xxx"  # still there, untouched
+
+
+def test_openais_agents_sdk_is_served_and_continues_a_stored_chain(tmp_path):
+    """OpenAI's Agents SDK with its default model class: what it sends (`include: []`, its settings) is served, and
+    Runner.run's previous_response_id continues the chain from the store (the real model: tests/e2e_smollm2)."""
+    decode = FakeWorker(Behaviour(tokens=["Paris"]))
+    with router(decode, StoreConfig(url=f"sqlite+aiosqlite:///{tmp_path}/responses.db")) as url:
+        sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="alice", max_retries=0, timeout=30)
+        agent = Agent(name="a", model=OpenAIResponsesModel("m", sdk), model_settings=ModelSettings(temperature=0))
+        untraced = RunConfig(tracing_disabled=True)
+
+        async def two_turns():
+            first = await Runner.run(agent, "Capital of France?", run_config=untraced)
+            return first, await Runner.run(agent, "And Italy?", run_config=untraced,
+                                           previous_response_id=first.last_response_id)
+
+        first, second = asyncio.run(two_turns())
+    assert first.final_output == second.final_output == "Paris"
+    assert decode.received[1]["messages"] == [{"role": "user", "content": "Capital of France?"},
+                                              {"role": "assistant", "content": "Paris"},
+                                              {"role": "user", "content": "And Italy?"}]
