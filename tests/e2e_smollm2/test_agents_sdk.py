@@ -33,23 +33,28 @@ def get_weather(city: Literal["Paris", "London", "Tokyo"]) -> str:
     return SKY[city]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def model(cluster) -> OpenAIResponsesModel:
+    """A client per test, used within one event loop (its connections are that loop's)."""
     client = openai.AsyncOpenAI(base_url=f"{cluster.router_url}/v1", api_key="unused", max_retries=0, timeout=300)
     return OpenAIResponsesModel(MODEL, client)
 
 
-def run(agent: Agent, question: str, previous_response_id: str | None = None):
-    return asyncio.run(Runner.run(agent, question, run_config=NO_TRACING, previous_response_id=previous_response_id,
-                                  max_turns=3))
+async def run(agent: Agent, question: str, previous_response_id: str | None = None):
+    return await Runner.run(agent, question, run_config=NO_TRACING, previous_response_id=previous_response_id,
+                            max_turns=3)
 
 
 def test_an_agent_answers_as_the_chat_and_continues_on_the_server(cluster, model):
     agent = Agent(name="assistant", model=model, model_settings=GREEDY)
-    first = run(agent, QUESTION)
-    assert first.final_output == ANSWER and first.last_response_id
     follow_up = "And of Italy?"
-    second = run(agent, follow_up, previous_response_id=first.last_response_id)
+
+    async def two_runs():
+        first = await run(agent, QUESTION)
+        return first, await run(agent, follow_up, previous_response_id=first.last_response_id)
+
+    first, second = asyncio.run(two_runs())
+    assert first.final_output == ANSWER and first.last_response_id
     chat = openai.OpenAI(base_url=f"{cluster.router_url}/v1", api_key="unused", max_retries=0, timeout=300)
     reference = chat.chat.completions.create(model=MODEL, temperature=0, max_tokens=32, messages=[
         {"role": "user", "content": QUESTION}, {"role": "assistant", "content": ANSWER},
@@ -62,7 +67,7 @@ def test_an_agent_answers_as_the_chat_and_continues_on_the_server(cluster, model
 def test_a_function_tool_makes_a_round_trip(model):
     agent = Agent(name="weather", model=model, tools=[get_weather],
                   model_settings=ModelSettings(temperature=0, max_tokens=48, tool_choice="get_weather"))
-    result = run(agent, "What is the weather in Paris?")
+    result = asyncio.run(run(agent, "What is the weather in Paris?"))
     calls = [item for item in result.new_items if isinstance(item, ToolCallItem)]
     outputs = [item for item in result.new_items if isinstance(item, ToolCallOutputItem)]
     assert len(calls) == len(outputs) == 1, result.new_items
