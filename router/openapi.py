@@ -18,6 +18,8 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from router.checks.inventory import CHAT, COMPLETION, GENERATE, INPUT_ITEM, MESSAGE, RESPONSES, SAMPLING, Decision, Rule
+from router.checks.inventory.openai_types import Metadata
+from router.checks.inventory.responses import MAX_NEW_ITEMS
 from router.checks.inventory.rules import INT32, MAX_BATCH, MAX_MESSAGES
 from router.checks.responses_checks import ITEM_FIELDS
 from router.checks.validation import REQUIRED, REQUIRED_IN
@@ -168,13 +170,35 @@ def _stored_routes(paths: dict[str, Any]) -> None:
     for path, item in paths.items():
         if not path.startswith(("/v1/responses/", "/v1/conversations")):
             continue
-        for operation in item.values():
+        for method, operation in item.items():
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
             responses.update({status: {"description": _STORED_ERRORS[status], "content": error}
                               for status in _STORED_ERRORS})
+            if method == "post" and path in _CONVERSATION_BODIES:
+                body, answer = _CONVERSATION_BODIES[path]
+                operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(body)}}}
+                responses["200"] = {"description": "the conversation, or the items added",
+                                    "content": {"application/json": {"schema": _ref(answer)}}}
 
 
+# The conversations' POST bodies (read by the route itself, router/openai/conversations_routes.py), as
+# router/checks/responses_checks.py's check_conversation_body decides them, and their answers.
+_CONVERSATION_BODIES = {"/v1/conversations": ("ConversationCreate", "Conversation"),
+                        "/v1/conversations/{conversation_id}/items": ("ConversationItems", "ConversationItemList")}
+_NEW_ITEMS = {"type": "array", "maxItems": MAX_NEW_ITEMS, "items": _ref("ResponsesInputItem")}
+_CONVERSATION_SCHEMAS = {
+    "ConversationCreate": {"type": "object", "additionalProperties": False, "properties": {
+        "items": {"anyOf": [_NEW_ITEMS, _NULL]},
+        "metadata": {"anyOf": [TypeAdapter(Metadata).json_schema(), _NULL]}}},
+    "ConversationItems": {"type": "object", "additionalProperties": False, "required": ["items"],
+                          "properties": {"items": _NEW_ITEMS}},
+    "Conversation": {"type": "object", "required": ["id", "object", "created_at", "metadata"],
+                     "properties": {"object": {"const": "conversation"}, "metadata": {"type": "object"}}},
+    "ConversationItemList": {"type": "object", "required": ["object", "data", "first_id", "last_id", "has_more"],
+                             "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {
+                                 "type": "object", "required": ["id", "type"]}}}},
+}
 _STORED_ERRORS = {"400": "a field or parameter the router refuses, named in `param`", "401": _ERRORS["401"],
                   "404": "no such id among the caller's (another owner's is not found either)"}
 
@@ -186,7 +210,7 @@ def document(fastapi_document: dict[str, Any]) -> dict[str, Any]:
     schemas = {name: _object(name, components) for name in _TABLES}
     doc["components"] = {**doc.get("components", {}),
                          "schemas": {**doc.get("components", {}).get("schemas", {}), **components, **schemas,
-                                     **_ANSWERS}}
+                                     **_ANSWERS, **_CONVERSATION_SCHEMAS}}
     doc["paths"] = {**{path: _pd_operation(*spec, _MORE_ERRORS.get(path, {})) for path, spec in _PD_ROUTES.items()},
                     **doc["paths"]}
     _stored_routes(doc["paths"])

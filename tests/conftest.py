@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.postgres import PostgresServer
 from tests.timings import Timings
 
 TESTS = Path(__file__).parent
@@ -127,3 +128,19 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("time per suite and per cluster start (tests/timings.py)")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL for this test process (bench/harness/postgres.py), started by the first test that needs it
+    (the store's unit tests, the SmolLM2 suite's routers sharing one store) and stopped at the end. One that cannot
+    start fails the tests that need it: never a skip."""
+    server = PostgresServer()
+    try:
+        server.start()
+    except Exception as exc:
+        server.stop()
+        pytest.fail(f"PostgreSQL did not start: {exc}")
+    yield server
+    server.stop()
+    assert not server.running()

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.postgres import PostgresServer
 from router.config import StoreConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,25 +23,10 @@ def demo_model() -> Path:
     return model
 
 
-@pytest.fixture(scope="session")
-def postgres():
-    """A real PostgreSQL for this test process (bench/harness/postgres.py), stopped at the end. One that cannot
-    start fails the tests that need it: never a skip."""
-    server = PostgresServer()
-    try:
-        server.start()
-    except Exception as exc:
-        server.stop()
-        pytest.fail(f"PostgreSQL did not start: {exc}")
-    yield server
-    server.stop()
-    assert not server.running()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_config(request, tmp_path) -> StoreConfig:
     """The store's config on each backend: a SQLite file in a fresh dir (its folder not made yet), or a fresh database
-    of the suite's PostgreSQL."""
+    of the session's PostgreSQL (tests/conftest.py)."""
     if request.param == "sqlite":
         return StoreConfig(url=f"sqlite+aiosqlite:///{tmp_path}/var/responses.db", max_item_bytes=4096)
     server = request.getfixturevalue("postgres")

@@ -21,6 +21,7 @@ import jsonschema
 import pytest
 import yaml
 
+from router.config import RouterConfig
 from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,3 +235,14 @@ def test_every_service_command_dry_runs(compose, demo_model, monkeypatch):
     assert results["router"]["served"] == []
     if "--dry-run" not in runs[names.index("bootstrap")]:
         assert results["bootstrap"]["served"] == [{"host": "0.0.0.0", "port": 8998}]
+
+
+def test_the_routers_sqlite_store_is_a_named_volume(compose):
+    """The router's store (configs/compose/router.yaml: SQLite at its default, under WORKDIR /app) is on a named
+    volume: stored responses and conversations survive `docker compose down` and `up` (a new container)."""
+    store = RouterConfig(**load_yaml(REPO / "configs" / "compose" / "router.yaml")).store
+    assert store.backend == "sqlite"
+    folder = "/app/" + Path(store.resolved_url().removeprefix("sqlite+aiosqlite:///")).parent.as_posix()
+    mounts = dict(volume.split(":", 1)[::-1] for volume in compose["services"]["router"]["volumes"][1:])
+    assert folder in mounts, f"no volume at {folder}: {compose['services']['router']['volumes']}"
+    assert mounts[folder] in compose["volumes"], "a named volume, declared at the top level"

@@ -27,6 +27,7 @@ from router.config import RouterConfig
 from tests.fakes import FakeWorker, ServerThread
 
 PD_ROUTES = ["/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"]
+CONVERSATION_POSTS = ["/v1/conversations", "/v1/conversations/{conversation_id}/items"]  # the router's store
 EXAMPLES = int(os.environ.get("PDCLUSTER_OPENAPI_EXAMPLES", "60"))  # per route and mode: seconds against fakes; more
 # to hunt (the real fuzz run, tests/e2e_smollm2/test_schema_fuzz.py, has its own budget)
 
@@ -99,7 +100,7 @@ def test_a_prompt_item_that_is_empty_is_outside_the_contract(contract):
     assert not prompt.is_valid(["a", ""]) and not prompt.is_valid([[1], []]) and not prompt.is_valid("")
 
 
-@pytest.mark.parametrize("route", PD_ROUTES)
+@pytest.mark.parametrize("route", [*PD_ROUTES, *CONVERSATION_POSTS])
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_the_router_keeps_to_its_contract(router_url, contract, route, mode):
     """Schema-invalid bodies are 4xx JSON errors, valid ones are never a 5xx, and every answer is documented."""

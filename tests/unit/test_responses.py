@@ -5,6 +5,7 @@ delete, cancel, a previous_response_id chain rebuilt into the chat's messages), 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
+from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner
 
 from router.admission.tenants import Tenancy
 from router.app import create_app
@@ -96,7 +98,8 @@ def test_a_response_is_the_chat_answer_and_its_usage_in_the_responses_shape():
     decode = FakeWorker(Behaviour(tokens=["Paris", "."], cached_tokens=2))
     with router(decode) as url:
         response = client(url).responses.create(model="m", input="Capital of France?", instructions="be brief",
-                                                max_output_tokens=16, temperature=0, metadata={"k": "v"}, user="u1")
+                                                max_output_tokens=16, temperature=0, metadata={"k": "v"}, user="u1",
+                                                include=[])  # asks for nothing: OpenAI's Agents SDK always sends it
     assert response.output_text == "Paris." and response.id.startswith("resp_")
     # the fake ends every text answer for its length: the response is incomplete, for max_output_tokens
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
@@ -108,7 +111,7 @@ def test_a_response_is_the_chat_answer_and_its_usage_in_the_responses_shape():
     assert sent["messages"] == [{"role": "system", "content": "be brief"},
                                 {"role": "user", "content": "Capital of France?"}]
     assert (sent["max_completion_tokens"], sent["user"]) == (16, "u1")
-    assert "input" not in sent and "metadata" not in sent
+    assert "input" not in sent and "metadata" not in sent and "include" not in sent
 
 
 def test_a_stream_is_openais_events_in_order_ending_in_the_whole_response():
@@ -232,3 +235,24 @@ def test_an_owner_never_reads_chains_or_deletes_another_owners_response(tmp_path
         anonymous = httpx.get(f"{url}{PATH}/{kept.id}", timeout=30)
         assert anonymous.status_code == 404 and json.loads(anonymous.text)["error"]["type"] == "not_found_error"
         assert alice.responses.retrieve(kept.id).output_text == "xxx"  # still there, untouched
+
+
+def test_openais_agents_sdk_is_served_and_continues_a_stored_chain(tmp_path):
+    """OpenAI's Agents SDK with its default model class: what it sends (`include: []`, its settings) is served, and
+    Runner.run's previous_response_id continues the chain from the store (the real model: tests/e2e_smollm2)."""
+    decode = FakeWorker(Behaviour(tokens=["Paris"]))
+    with router(decode, StoreConfig(url=f"sqlite+aiosqlite:///{tmp_path}/responses.db")) as url:
+        sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="alice", max_retries=0, timeout=30)
+        agent = Agent(name="a", model=OpenAIResponsesModel("m", sdk), model_settings=ModelSettings(temperature=0))
+        untraced = RunConfig(tracing_disabled=True)
+
+        async def two_turns():
+            first = await Runner.run(agent, "Capital of France?", run_config=untraced)
+            return first, await Runner.run(agent, "And Italy?", run_config=untraced,
+                                           previous_response_id=first.last_response_id)
+
+        first, second = asyncio.run(two_turns())
+    assert first.final_output == second.final_output == "Paris"
+    assert decode.received[1]["messages"] == [{"role": "user", "content": "Capital of France?"},
+                                              {"role": "assistant", "content": "Paris"},
+                                              {"role": "user", "content": "And Italy?"}]

@@ -115,7 +115,7 @@ RESPONSES: dict[str, Rule] = {
     "stream_options": ignored(ECHOED, ObfuscationOptions),
     "truncation": refused("a prompt too long is refused instead", default="disabled"),
     "background": refused(OPENAI_HOSTED, default=False),
-    "include": refused(NOT_MADE),
+    "include": refused(NOT_MADE, default=[]),  # OpenAI's Agents SDK always sends one, empty for function tools
     "max_tool_calls": refused(OPENAI_HOSTED),
     "prompt": refused(OPENAI_HOSTED),
     "reasoning": refused(NOT_MADE),

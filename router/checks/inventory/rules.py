@@ -41,11 +41,11 @@ class Rule:
     reason: str
     type: Any = None  # the pydantic type of its value (PASSED, BOUNDED and ROUTER fields a client may send)
     pair: PairLimit | None = None  # checked against the pair that serves the request
-    # A refused field's SGLang default, where it has one (false for most flags): sent as exactly that, the field
-    # asks for nothing, so it is taken as not given. Clients that spell out every default (SGLang's own
+    # A refused field's SGLang default, where it has one (false for most flags, [] for a list): sent as exactly that,
+    # the field asks for nothing, so it is taken as not given. Clients that spell out every default (SGLang's own
     # bench_serving sends `"return_routed_experts": false`) are served; any other value is refused.
     # tests/unit/test_inventory.py checks each against SGLang's own default.
-    default: bool | int | str | None = None
+    default: bool | int | str | list[str] | None = None
 
     def __post_init__(self) -> None:
         if (self.type is None) != (self.decision is Decision.REFUSED):
@@ -66,7 +66,7 @@ def bounded(reason: str, type_: Any, pair: PairLimit | None = None) -> Rule:
     return Rule(Decision.BOUNDED, reason, type_, pair)
 
 
-def refused(reason: str, default: bool | int | str | None = None) -> Rule:
+def refused(reason: str, default: bool | int | str | list[str] | None = None) -> Rule:
     return Rule(Decision.REFUSED, reason, default=default)
 
 
