@@ -14,9 +14,11 @@ and each its own: no radix cache turns a prefill into a hit), as text: SGLang's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,8 +92,22 @@ def _chunk(rec: Record, line: str) -> bool:
     return True
 
 
-async def send_httpx(client: httpx.AsyncClient, key: str | None, payload: dict, rec: Record) -> None:
+@contextlib.contextmanager
+def recording(rec: Record, errors: type[Exception] | tuple[type[Exception], ...]) -> Iterator[None]:
+    """A request's end, however it ends: the client's errors and the drain's cancellation noted in `rec`."""
     try:
+        yield
+    except errors as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"[:200]
+    except asyncio.CancelledError:
+        rec.error = "cancelled at the end of the drain"
+        raise
+    finally:
+        rec.ended = time.monotonic()
+
+
+async def send_httpx(client: httpx.AsyncClient, key: str | None, payload: dict, rec: Record) -> None:
+    with recording(rec, httpx.HTTPError):
         async with client.stream("POST", "/v1/completions", json=payload, headers=_headers(key)) as response:
             rec.status = response.status_code
             if response.status_code != 200:
@@ -103,13 +119,6 @@ async def send_httpx(client: httpx.AsyncClient, key: str | None, payload: dict, 
                     break
         if not rec.error and not rec.completed:
             rec.error = f"stream ended after {rec.chunks} chunks without a finish_reason"
-    except httpx.HTTPError as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"[:200]
-    except asyncio.CancelledError:
-        rec.error = "cancelled at the end of the drain"
-        raise
-    finally:
-        rec.ended = time.monotonic()
 
 
 async def send_openai(base_url: str, key: str | None, payload: dict, rec: Record, max_retries: int) -> None:
@@ -125,24 +134,23 @@ async def send_openai(base_url: str, key: str | None, payload: dict, rec: Record
                                 http_client=http)
     extra = {"ignore_eos": True}
     try:
-        stream = await client.completions.create(model=payload["model"], prompt=payload["prompt"],
-                                                 max_tokens=payload["max_tokens"], temperature=0, stream=True,
-                                                 extra_body=extra)
-        async for event in stream:
-            now = time.monotonic()
-            rec.first = rec.first or now
-            rec.last, rec.chunks = now, rec.chunks + 1
-            rec.completed = rec.completed or any(c.finish_reason for c in event.choices)
-        if not rec.completed:
-            rec.error = f"stream ended after {rec.chunks} chunks without a finish_reason"
-    except openai.APIError as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"[:200]
-    except asyncio.CancelledError:
-        rec.error = "cancelled at the end of the drain"
-        raise
+        with recording(rec, openai.APIError):
+            await _stream_openai(client, payload, extra, rec)
     finally:
-        rec.ended = time.monotonic()
         await client.close()
+
+
+async def _stream_openai(client, payload: dict, extra: dict, rec: Record) -> None:
+    stream = await client.completions.create(model=payload["model"], prompt=payload["prompt"],
+                                             max_tokens=payload["max_tokens"], temperature=0, stream=True,
+                                             extra_body=extra)
+    async for event in stream:
+        now = time.monotonic()
+        rec.first = rec.first or now
+        rec.last, rec.chunks = now, rec.chunks + 1
+        rec.completed = rec.completed or any(c.finish_reason for c in event.choices)
+    if not rec.completed:
+        rec.error = f"stream ended after {rec.chunks} chunks without a finish_reason"
 
 
 async def run_phase(url: str, model: str, vocabulary: list[str], senders: list[Sender], duration: float,

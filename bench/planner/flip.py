@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -52,13 +53,12 @@ def ask(client: httpx.Client, text: str) -> tuple[int, list[int]]:
 
 
 class Load:
-    """`clients` threads, each asking one prompt after another until stopped; every answer kept."""
+    """`clients` threads of a pool, each asking one prompt after another until stopped; every answer kept."""
 
     def __init__(self, router_url: str, clients: int = 2):
-        self.stop, self.answers = threading.Event(), []
+        self.stop, self.answers, self.clients = threading.Event(), [], clients
         self.client = httpx.Client(base_url=router_url, timeout=300)
-        self.threads = [threading.Thread(target=self._run, args=(PROMPTS[i % len(PROMPTS)],), daemon=True)
-                        for i in range(clients)]
+        self.pool = ThreadPoolExecutor(clients, thread_name_prefix="load")
 
     def _run(self, text: str) -> None:
         while not self.stop.is_set():
@@ -68,14 +68,12 @@ class Load:
                 self.answers.append((text, -1, [repr(exc)]))
 
     def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
+        self.running = [self.pool.submit(self._run, PROMPTS[i % len(PROMPTS)]) for i in range(self.clients)]
         return self
 
     def __exit__(self, *_exc) -> None:
         self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=300)
+        self.pool.shutdown(wait=True)  # each client ends its request in flight
         self.client.close()
 
 
